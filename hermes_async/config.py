@@ -38,7 +38,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"model.dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+            raise ConfigError(
+                f"model.dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("model.max_model_len must be at least 2")
         if self.num_threads is not None and self.num_threads < 1:

@@ -1,0 +1,123 @@
+"""Paged attention over the KV pool, in plain torch (CPU and CUDA alike).
+
+One step's tokens arrive packed: decodes first (one token each), then each prefill chunk as a
+contiguous run. Every layer writes the new K/V into the pool through ``slot_mapping`` and then
+attends over each sequence's blocks: all decodes in one batched ``scaled_dot_product_attention``
+call (block tables padded, padding masked), each prefill chunk in its own call (causal, offset
+by the cached prefix it starts after).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillChunk:
+    """New tokens ``[token_start, token_end)`` of one sequence, the first at ``start_pos``."""
+
+    token_start: int
+    token_end: int
+    start_pos: int
+    block_table: torch.Tensor  # [num_blocks] long, covering start_pos + (token_end - token_start)
+    _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_end - self.token_start
+
+    @property
+    def context_len(self) -> int:
+        return self.start_pos + self.num_tokens
+
+    def mask(self, window: int | None, device: torch.device) -> torch.Tensor | None:
+        """Boolean ``[q, ctx]`` mask (True = attend), or None when plain causal suffices."""
+        if window not in self._masks:
+            if self.start_pos == 0 and window is None:
+                self._masks[window] = None
+            else:
+                q_pos = torch.arange(self.start_pos, self.context_len, device=device)[:, None]
+                k_pos = torch.arange(self.context_len, device=device)[None, :]
+                allowed = k_pos <= q_pos
+                if window is not None:
+                    allowed &= k_pos > q_pos - window
+                self._masks[window] = allowed
+        return self._masks[window]
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step attention inputs shared by every layer."""
+
+    slot_mapping: torch.Tensor  # [T] long: block_id * block_size + offset of each new token
+    num_decodes: int
+    decode_block_tables: torch.Tensor | None  # [B, max_blocks] long, padded with block 0
+    decode_context_lens: torch.Tensor | None  # [B] long
+    prefills: list[PrefillChunk]
+    block_size: int
+    _decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+
+    def decode_mask(self, window: int | None) -> torch.Tensor:
+        """Boolean ``[B, 1, 1, max_blocks * block_size]`` mask hiding padding (and the window)."""
+        if window not in self._decode_masks:
+            assert self.decode_block_tables is not None and self.decode_context_lens is not None
+            width = self.decode_block_tables.shape[1] * self.block_size
+            k_pos = torch.arange(width, device=self.decode_context_lens.device)[None, :]
+            lens = self.decode_context_lens[:, None]
+            allowed = k_pos < lens
+            if window is not None:
+                allowed &= k_pos > lens - 1 - window
+            self._decode_masks[window] = allowed[:, None, None, :]
+        return self._decode_masks[window]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_blocks: tuple[torch.Tensor, torch.Tensor],
+    kv_slots: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """Write ``k``/``v`` (``[T, kv_heads, d]``) into the pool, attend, return ``[T, heads, d]``.
+
+    ``kv_blocks`` are one layer's K and V as ``[num_blocks, block_size, kv_heads, d]``;
+    ``kv_slots`` the same memory as ``[num_slots, kv_heads, d]``.
+    """
+    k_slots, v_slots = kv_slots
+    k_slots.index_copy_(0, meta.slot_mapping, k)
+    v_slots.index_copy_(0, meta.slot_mapping, v)
+    k_blocks, v_blocks = kv_blocks
+    out = torch.empty_like(q)
+    b = meta.num_decodes
+    if b:
+        bt = meta.decode_block_tables
+        kd = k_blocks[bt].flatten(1, 2).transpose(1, 2)  # [B, kvh, L, d]
+        vd = v_blocks[bt].flatten(1, 2).transpose(1, 2)
+        qd = q[:b].unsqueeze(2)  # [B, H, 1, d]
+        res = F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=meta.decode_mask(window), scale=scale, enable_gqa=True
+        )
+        out[:b] = res.squeeze(2)
+    for chunk in meta.prefills:
+        s, e = chunk.token_start, chunk.token_end
+        qp = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
+        mask = chunk.mask(window, q.device)
+        if mask is None:  # fresh prompt, full attention: the new K/V are the whole context
+            kp = k[s:e].transpose(0, 1).unsqueeze(0)
+            vp = v[s:e].transpose(0, 1).unsqueeze(0)
+            res = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale,
+                                                 enable_gqa=True)
+        else:
+            ctx = chunk.context_len
+            kp = k_blocks[chunk.block_table].flatten(0, 1)[:ctx].transpose(0, 1).unsqueeze(0)
+            vp = v_blocks[chunk.block_table].flatten(0, 1)[:ctx].transpose(0, 1).unsqueeze(0)
+            res = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale,
+                                                 enable_gqa=True)
+        out[s:e] = res.squeeze(0).transpose(0, 1)
+    return out

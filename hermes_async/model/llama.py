@@ -1,0 +1,112 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) over the paged KV pool.
+
+Weights are fused where one matmul can replace several (q/k/v, gate/up). The forward pass takes
+one packed step (see :mod:`hermes_async.model.attention`) and returns logits only for the rows
+asked for: the last new token of each sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hermes_async.model.attention import AttentionMetadata, paged_attention
+from hermes_async.model.kv_pool import KVPool
+from hermes_async.model.spec import ModelSpec
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32 and cast back, as the reference implementation does."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm attention + SwiGLU MLP block; parameters named after their HF sources."""
+
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype) -> None:
+        super().__init__()
+        h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+        self.input_norm = param(h)
+        self.qkv_weight = param(qkv, h)
+        self.qkv_bias = param(qkv) if spec.qkv_bias else None
+        self.o_weight = param(h, spec.q_size)
+        self.o_bias = param(h) if spec.o_bias else None
+        self.post_norm = param(h)
+        self.gate_up_weight = param(2 * spec.intermediate_size, h)
+        self.gate_up_bias = param(2 * spec.intermediate_size) if spec.mlp_bias else None
+        self.down_weight = param(h, spec.intermediate_size)
+        self.down_bias = param(h) if spec.mlp_bias else None
+
+
+class LlamaModel(nn.Module):
+    """The decoder stack, embedding and LM head."""
+
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype),
+                                  requires_grad=False)
+        self.layers = nn.ModuleList(DecoderLayer(spec, dtype) for _ in range(spec.num_layers))
+        self.final_norm = nn.Parameter(torch.empty(spec.hidden_size, dtype=dtype),
+                                       requires_grad=False)
+        self.lm_head = (
+            None if spec.tie_word_embeddings
+            else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype),
+                              requires_grad=False)
+        )
+        self.register_buffer("inv_freq", spec.inv_freq.clone(), persistent=False)
+
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos and sin ``[T, 1, head_dim]`` for the given absolute positions."""
+        freqs = positions[:, None].float() * self.inv_freq[None, :].float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scaling = self.spec.rope_attention_scaling
+        cos = (emb.cos() * scaling).to(dtype)[:, None, :]
+        sin = (emb.sin() * scaling).to(dtype)[:, None, :]
+        return cos, sin
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        pool: KVPool,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Compute one packed step; return float32 logits ``[len(logits_indices), vocab]``."""
+        spec = self.spec
+        t = input_ids.shape[0]
+        x = F.embedding(input_ids, self.embed)
+        cos, sin = self.rotary(positions, x.dtype)
+        scale = spec.head_dim ** -0.5
+        split = [spec.q_size, spec.kv_size, spec.kv_size]
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, spec.rms_norm_eps)
+            q, k, v = F.linear(h, layer.qkv_weight, layer.qkv_bias).split(split, dim=-1)
+            q = q.view(t, spec.num_heads, spec.head_dim)
+            k = k.view(t, spec.num_kv_heads, spec.head_dim)
+            v = v.view(t, spec.num_kv_heads, spec.head_dim)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            attn = paged_attention(q, k, v, pool.blocks(i), pool.slots(i), meta, scale,
+                                   spec.sliding_windows[i])
+            x = x + F.linear(attn.reshape(t, spec.q_size), layer.o_weight, layer.o_bias)
+            h = rms_norm(x, layer.post_norm, spec.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down_weight, layer.down_bias)
+        last = rms_norm(x[logits_indices], self.final_norm, spec.rms_norm_eps)
+        head = self.embed if self.lm_head is None else self.lm_head
+        return F.linear(last, head).float()

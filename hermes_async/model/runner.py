@@ -1,0 +1,151 @@
+"""The model runner: loads a model, owns the KV pool, executes packed steps.
+
+The only place (with the rest of ``hermes_async.model``) that imports torch. The engine hands
+it a sequence of :class:`~hermes_async.types.SequenceStep` per forward pass; the runner packs
+every sequence's new tokens into one flat batch (decodes first, then prefill chunks), runs one
+forward, and returns the logits of each sequence's last new token in the order given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from hermes_async.config import CacheConfig, ModelConfig
+from hermes_async.model.attention import AttentionMetadata, PrefillChunk
+from hermes_async.model.kv_pool import KVPool, derive_block_size, plan_num_blocks
+from hermes_async.model.loader import DTYPES, load_model
+from hermes_async.types import SequenceStep
+
+
+class StepError(ValueError):
+    """A step description the runner cannot execute (bad block table, too long, empty)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else as torch spells it."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+class ModelRunner:
+    """Executes forward steps of one model over its paged KV pool."""
+
+    def __init__(self, model_dir: str | Path, model_config: ModelConfig | None = None,
+                 cache_config: CacheConfig | None = None) -> None:
+        self.model_config = model_config or ModelConfig()
+        self.cache_config = cache_config or CacheConfig()
+        if self.model_config.num_threads:
+            torch.set_num_threads(self.model_config.num_threads)
+        self.device = resolve_device(self.model_config.device)
+        if self.model_config.dtype == "float16" and self.device.type == "cpu":
+            raise ValueError("float16 is supported on CUDA only; use bfloat16 on the CPU")
+        self.dtype = DTYPES[self.model_config.dtype]
+        self.model_dir = Path(model_dir)
+        self.model = load_model(self.model_dir, self.model_config.dtype, self.device)
+        spec = self.spec = self.model.spec
+        self.block_size = self.cache_config.block_size or derive_block_size(
+            spec.num_kv_heads, spec.head_dim)
+        self.max_model_len = min(self.model_config.max_model_len or spec.max_position_embeddings,
+                                 spec.max_position_embeddings)
+        shape = plan_num_blocks(
+            num_layers=spec.num_layers, block_size=self.block_size,
+            num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, dtype=self.dtype,
+            device=self.device, kv_cache_bytes=self.cache_config.kv_cache_bytes,
+            memory_fraction=self.cache_config.kv_cache_memory_fraction,
+        )
+        self.pool = KVPool(shape, self.device)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    def forward(self, steps: Sequence[SequenceStep]) -> torch.Tensor:
+        """Run one packed forward; return float32 logits ``[len(steps), vocab]`` in step order.
+
+        Each step's new tokens have their K/V written into the pool at the slots its block
+        table names; positions before ``start_pos`` are read from the pool as they are.
+        """
+        if not steps:
+            raise StepError("a step needs at least one sequence")
+        for i, s in enumerate(steps):
+            self._validate(i, s)
+        order = sorted(range(len(steps)), key=lambda i: steps[i].num_new_tokens > 1)
+        packed = [steps[i] for i in order]
+        input_ids: list[int] = []
+        last: list[int] = []
+        for s in packed:
+            input_ids.extend(s.token_ids)
+            last.append(len(input_ids) - 1)
+        positions, slots = self._positions_and_slots(packed)
+        meta = self._metadata(packed, slots)
+        dev = self.device
+        logits = self.model(
+            torch.tensor(input_ids, dtype=torch.long, device=dev), positions.to(dev),
+            meta, self.pool, torch.tensor(last, dtype=torch.long, device=dev),
+        )
+        inverse = [0] * len(order)
+        for packed_idx, original in enumerate(order):
+            inverse[original] = packed_idx
+        return logits[torch.tensor(inverse, dtype=torch.long, device=dev)]
+
+    def _validate(self, i: int, s: SequenceStep) -> None:
+        if not s.token_ids:
+            raise StepError(f"sequence {i}: no new tokens")
+        if s.start_pos < 0:
+            raise StepError(f"sequence {i}: negative start_pos {s.start_pos}")
+        if s.context_len > self.max_model_len:
+            raise StepError(f"sequence {i}: {s.context_len} tokens exceed max_model_len "
+                            f"{self.max_model_len}")
+        need = -(-s.context_len // self.block_size)
+        if len(s.block_table) < need:
+            raise StepError(f"sequence {i}: block table has {len(s.block_table)} blocks, "
+                            f"{s.context_len} tokens need {need}")
+        for b in s.block_table[:need]:
+            if not 0 <= b < self.pool.num_blocks:
+                raise StepError(f"sequence {i}: block id {b} outside the pool "
+                                f"[0, {self.pool.num_blocks})")
+
+    def _positions_and_slots(self, packed: list[SequenceStep]) -> tuple[torch.Tensor, ...]:
+        """Absolute position and pool slot of every new token, in packed order (on the CPU)."""
+        bs = self.block_size
+        pos_parts: list[torch.Tensor] = []
+        slot_parts: list[torch.Tensor] = []
+        for s in packed:
+            pos = torch.arange(s.start_pos, s.context_len, dtype=torch.long)
+            table = torch.tensor(s.block_table[: -(-s.context_len // bs)], dtype=torch.long)
+            pos_parts.append(pos)
+            slot_parts.append(table[pos // bs] * bs + pos % bs)
+        return torch.cat(pos_parts), torch.cat(slot_parts)
+
+    def _metadata(self, packed: list[SequenceStep], slots: torch.Tensor) -> AttentionMetadata:
+        dev, bs = self.device, self.block_size
+        decodes = [s for s in packed if s.num_new_tokens == 1]
+        tables = lens = None
+        if decodes:
+            width = max(-(-s.context_len // bs) for s in decodes)
+            rows = [list(s.block_table[:width]) + [0] * (width - min(width, len(s.block_table)))
+                    for s in decodes]
+            tables = torch.tensor(rows, dtype=torch.long, device=dev)
+            lens = torch.tensor([s.context_len for s in decodes], dtype=torch.long, device=dev)
+        prefills, offset = [], len(decodes)
+        for s in packed[len(decodes):]:
+            need = -(-s.context_len // bs)
+            table = torch.tensor(s.block_table[:need], dtype=torch.long, device=dev)
+            prefills.append(PrefillChunk(offset, offset + s.num_new_tokens, s.start_pos, table))
+            offset += s.num_new_tokens
+        return AttentionMetadata(
+            slot_mapping=slots.to(dev),
+            num_decodes=len(decodes), decode_block_tables=tables, decode_context_lens=lens,
+            prefills=prefills, block_size=bs,
+        )

@@ -1,0 +1,88 @@
+"""The loader reads any Llama-family HF directory and fails clearly on anything else."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from hermes_async.model.kv_pool import derive_block_size
+from hermes_async.model.loader import load_model
+from hermes_async.model.spec import ModelLoadError, read_spec
+
+
+def copy_model(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_spec_reads_shape_and_family_options(tiny_arch_dir):
+    spec = read_spec(tiny_arch_dir)
+    assert (spec.num_heads, spec.num_kv_heads, spec.head_dim) == (4, 2, 16)
+    family = spec.architecture
+    assert spec.qkv_bias is (family == "Qwen2ForCausalLM")
+    assert spec.tie_word_embeddings is (family == "LlamaForCausalLM")
+    assert spec.sliding_windows[0] == (40 if family == "MistralForCausalLM" else None)
+
+
+def test_bfloat16_load_casts_weights(tiny_dir):
+    model = load_model(tiny_dir, "bfloat16")
+    assert model.embed.dtype == torch.bfloat16
+    assert model.layers[0].qkv_weight.dtype == torch.bfloat16
+
+
+def test_unsupported_architecture_is_named(tiny_dir, tmp_path):
+    d = copy_model(tiny_dir, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["GPTNeoXForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="GPTNeoXForCausalLM"):
+        load_model(d)
+
+
+def test_missing_config_is_named(tiny_dir, tmp_path):
+    d = copy_model(tiny_dir, tmp_path / "m")
+    (d / "config.json").unlink()
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_model(d)
+
+
+def test_missing_weights_are_named(tiny_dir, tmp_path):
+    d = copy_model(tiny_dir, tmp_path / "m")
+    (d / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="safetensors"):
+        load_model(d)
+
+
+def test_corrupt_weights_file_is_named(tiny_dir, tmp_path):
+    d = copy_model(tiny_dir, tmp_path / "m")
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        load_model(d)
+
+
+def test_missing_tensor_is_named(tiny_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = copy_model(tiny_dir, tmp_path / "m")
+    tensors = load_file(d / "model.safetensors")
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.mlp\.down_proj\.weight"):
+        load_model(d)
+
+
+def test_missing_directory_is_named(tmp_path):
+    with pytest.raises(ModelLoadError, match="nowhere"):
+        load_model(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    ("kv_heads", "head_dim", "expected"),
+    [(3, 64, 32), (8, 128, 16), (2, 64, 64), (1, 64, 128), (32, 128, 16)],
+)
+def test_block_size_rule(kv_heads, head_dim, expected):
+    assert derive_block_size(kv_heads, head_dim) == expected

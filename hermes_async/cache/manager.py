@@ -1,0 +1,238 @@
+"""KV cache manager: the block pool and the prefix tree, per request, for the engine.
+
+Per request, on the event loop that owns the cache (no locks; nothing here awaits):
+
+1. ``admit(rid, namespace, prompt, num_new_tokens)`` -> :class:`Admission` or None: matches the
+   prompt, pins the matched path, allocates private blocks for the tokens to compute (evicting
+   unpinned cached blocks if it must). None means "not now" and changes nothing.
+2. ``grow(rid, num_tokens)`` before each later step: room for ``num_tokens`` tokens in total.
+3. ``commit(rid, computed_token_ids)`` after each step: newly full blocks move from private to
+   the tree and are pinned. A block another request cached first is freed and the request's
+   table switches to the cached copy, so read ``block_table(rid)`` again before the next step.
+4. ``release(rid)`` once, on finish, abort or preemption: unpins the path, frees private blocks;
+   its cached blocks stay in the tree (unpinned) for later hits, e.g. the re-admitted request.
+
+``block_table(rid)`` is the runner's block table: tree blocks of the matched and committed path,
+then private blocks, in token order. Between steps a background task calls
+``evict_to_low_watermark()`` and ``prune_forks()``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from hermes_async.cache.block_pool import BlockPool
+from hermes_async.cache.errors import CacheError
+from hermes_async.cache.integrity import check_manager
+from hermes_async.cache.prefix_tree import PrefixTree
+from hermes_async.cache.structs import Admission, CacheStats, CacheUsage, RequestState
+from hermes_async.config import CacheConfig
+
+
+class KVCacheManager:
+    """Block pool + prefix tree + the blocks each running request holds.
+
+    With ``enable_prefix_caching=False`` nothing is matched or inserted: every block a request
+    uses is private and freed on release.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, high_watermark: float = 0.90,
+                 low_watermark: float = 0.75, fork_limit: int | None = 64,
+                 enable_prefix_caching: bool = True,
+                 clock: Callable[[], float] | None = None) -> None:
+        if not 0.0 < low_watermark <= high_watermark <= 1.0:
+            raise ValueError("watermarks need 0 < low_watermark <= high_watermark <= 1")
+        self.pool = BlockPool(num_blocks)
+        self.tree = PrefixTree(block_size, fork_limit=fork_limit, clock=clock)
+        self.block_size = block_size
+        self.high_watermark = high_watermark
+        self.low_watermark = low_watermark
+        self.enable_prefix_caching = enable_prefix_caching
+        self._requests: dict[str, RequestState] = {}
+        self._allocation_failures = 0
+
+    @classmethod
+    def from_config(cls, config: CacheConfig, num_blocks: int, block_size: int | None = None,
+                    *, clock: Callable[[], float] | None = None) -> KVCacheManager:
+        """Build from ``[cache]``; ``block_size`` is the derived one when the config has none."""
+        size = config.block_size or block_size
+        if size is None:
+            raise ValueError("block_size is neither configured nor given (derive it first)")
+        return cls(num_blocks, size, high_watermark=config.high_watermark,
+                   low_watermark=config.low_watermark, fork_limit=config.fork_limit,
+                   enable_prefix_caching=config.enable_prefix_caching, clock=clock)
+
+    # ----- per request ------------------------------------------------------------------------
+    def probe(self, namespace: str, token_ids: Sequence[int]) -> int:
+        """Tokens a request with this prompt would find cached now; changes nothing."""
+        if not self.enable_prefix_caching:
+            return 0
+        return self.tree.match(namespace, token_ids, touch=False).matched_len
+
+    def admit(self, request_id: str, namespace: str, prompt_token_ids: Sequence[int],
+              num_new_tokens: int | None = None) -> Admission | None:
+        """Match, pin and allocate for a new (or re-admitted) request.
+
+        Makes room for ``matched_len + num_new_tokens`` tokens; ``num_new_tokens`` is clamped to
+        the rest of the prompt (default: all of it). Returns None, with no side effect (no
+        statistics, no LRU change), when free plus evictable blocks are not enough.
+        """
+        if request_id in self._requests:
+            raise CacheError(f"request {request_id!r} is already admitted")
+        if not prompt_token_ids:
+            raise ValueError("cannot admit an empty prompt")
+        if num_new_tokens is not None and num_new_tokens < 1:
+            raise ValueError(f"num_new_tokens must be at least 1, not {num_new_tokens}")
+        bs = self.block_size
+        m = None
+        if self.enable_prefix_caching:
+            m = self.tree.match(namespace, prompt_token_ids, touch=False)
+        path = m.path if m is not None else ()
+        matched = len(path) * bs
+        rest = len(prompt_token_ids) - matched
+        want = rest if num_new_tokens is None else min(num_new_tokens, rest)
+        need = math.ceil((matched + want) / bs) - len(path)
+        newly_pinned = sum(1 for nd in path if nd.ref_count == 0)
+        if need > self.pool.num_free + self.tree.num_unpinned - newly_pinned:
+            self._allocation_failures += 1
+            return None
+        if m is not None:
+            self.tree.touch(m)
+            if path:
+                self.tree.lock(path[-1])
+        blocks = self._allocate(need)
+        state = RequestState(request_id, namespace, matched, [nd.block_id for nd in path] + blocks,
+                             len(path), path[-1] if path else None)  # type: ignore[arg-type]
+        self._requests[request_id] = state
+        return Admission(matched, list(state.block_table))
+
+    def grow(self, request_id: str, num_tokens: int) -> list[int] | None:
+        """Make the block table cover ``num_tokens`` tokens in total; return the added blocks.
+
+        Returns None, changing nothing, when the blocks cannot be had (preempt something).
+        """
+        st = self._state(request_id)
+        need = math.ceil(num_tokens / self.block_size) - len(st.block_table)
+        if need <= 0:
+            return []
+        if need > self.pool.num_free + self.tree.num_unpinned:
+            self._allocation_failures += 1
+            return None
+        blocks = self._allocate(need)
+        st.block_table.extend(blocks)
+        return blocks
+
+    def commit(self, request_id: str, token_ids: Sequence[int]) -> int:
+        """Cache the full blocks of ``token_ids``, the request's tokens whose KV is computed.
+
+        Newly full blocks go into the tree below the request's path and are pinned by it.
+        Where another request cached the same block first, this request's copy is freed and
+        its block table points at the cached block instead (safe once the step that wrote the
+        copy is over). Returns the request's cached length in tokens.
+        """
+        st = self._state(request_id)
+        if not self.enable_prefix_caching:
+            return 0
+        bs, c = self.block_size, st.num_cached_blocks
+        full = len(token_ids) // bs
+        if full > len(st.block_table):
+            raise CacheError(f"request {request_id!r}: {len(token_ids)} computed tokens but "
+                             f"only {len(st.block_table)} blocks")
+        if full <= c:
+            return c * bs
+        last = st.last_node
+        if last is not None and tuple(token_ids[(c - 1) * bs:c * bs]) != last.token_ids:
+            raise CacheError(f"request {request_id!r}: token_ids do not extend its cached prefix")
+        res = self.tree.insert(st.namespace, token_ids[c * bs:full * bs],
+                               st.block_table[c:full], parent=last)
+        self.tree.lock(res.last_node, stop=last)
+        to_free = list(res.pruned_block_ids)
+        for i, node in enumerate(res.path, start=c):
+            if st.block_table[i] != node.block_id:
+                to_free.append(st.block_table[i])
+                st.block_table[i] = node.block_id  # type: ignore[assignment]
+        self.pool.free(to_free)
+        st.num_cached_blocks, st.last_node = full, res.last_node
+        return full * bs
+
+    def release(self, request_id: str) -> None:
+        """Unpin the request's path and free its private blocks; exactly once per admission."""
+        st = self._requests.get(request_id)
+        if st is None:
+            raise CacheError(f"request {request_id!r} is not held (released twice, or never "
+                             "admitted)")
+        if st.last_node is not None:
+            self.tree.unlock(st.last_node)
+        self.pool.free(st.block_table[st.num_cached_blocks:])
+        del self._requests[request_id]
+
+    def block_table(self, request_id: str) -> list[int]:
+        """Copy of the request's physical block ids in token order."""
+        return list(self._state(request_id).block_table)
+
+    def num_cached_tokens(self, request_id: str) -> int:
+        """Tokens of the request that sit in the tree (matched plus committed)."""
+        return self._state(request_id).num_cached_blocks * self.block_size
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
+
+    # ----- background work, figures, maintenance ----------------------------------------------
+    def usage(self) -> CacheUsage:
+        free, in_tree, pinned = self.pool.num_free, self.tree.num_nodes, self.tree.num_pinned
+        private = self.pool.num_blocks - free - in_tree
+        return CacheUsage(self.pool.num_blocks, free, in_tree - pinned, pinned, private)
+
+    def blocks_to_evict(self) -> int:
+        """Blocks to evict now: 0 unless usage is above the high watermark, then enough to get
+        to the low watermark (or every unpinned cached block, if that is not enough)."""
+        total, used = self.pool.num_blocks, self.pool.num_used
+        if used <= self.high_watermark * total:
+            return 0
+        return min(used - math.floor(self.low_watermark * total), self.tree.num_unpinned)
+
+    def evict(self, n_blocks: int) -> int:
+        """Evict up to ``n_blocks`` LRU unpinned cached blocks into the free list."""
+        freed = self.tree.evict(n_blocks)
+        self.pool.free(freed)
+        return len(freed)
+
+    def evict_to_low_watermark(self) -> int:
+        """The background eviction pass; returns the blocks freed."""
+        return self.evict(self.blocks_to_evict())
+
+    def prune_forks(self) -> int:
+        """The background fork-limit pass; returns the blocks freed."""
+        freed = self.tree.prune_forks()
+        self.pool.free(freed)
+        return len(freed)
+
+    def stats(self) -> CacheStats:
+        return CacheStats(self.usage(), self.tree.stats(), self._allocation_failures)
+
+    def reset(self, namespace: str | None = None) -> int:
+        """Drop the cached blocks of one namespace (or all); refuses while any is pinned."""
+        freed = self.tree.reset(namespace)
+        self.pool.free(freed)
+        return len(freed)
+
+    def check_integrity(self) -> None:
+        """Raise :class:`IntegrityError` unless pool, tree and requests agree (full walk)."""
+        check_manager(self.pool, self.tree, self._requests)
+
+    def _state(self, request_id: str) -> RequestState:
+        st = self._requests.get(request_id)
+        if st is None:
+            raise CacheError(f"request {request_id!r} is not held")
+        return st
+
+    def _allocate(self, n: int) -> list[int]:
+        """Allocate ``n`` blocks, evicting first if needed; the caller checked feasibility."""
+        short = n - self.pool.num_free
+        if short > 0:
+            self.evict(short)
+        blocks = self.pool.allocate(n)
+        if blocks is None:
+            raise CacheError(f"{n} blocks checked available but not allocatable")
+        return blocks

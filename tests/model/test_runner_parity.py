@@ -139,3 +139,18 @@ def test_bad_steps_raise_clear_errors(tiny_dir, bad):
     }
     with pytest.raises(StepError):
         runner.forward([steps[bad]])
+
+
+def test_bfloat16_decode_path_agrees_with_prefill(tiny_dir):
+    """bfloat16 on the CPU decodes through the matmul path; it must agree with a prefill."""
+    runner = make_runner(tiny_dir, dtype="bfloat16")
+    alloc = BlockAllocator(runner.num_blocks, seed=4)
+    seqs = [prompt(n, seed=300 + n) for n in (9, 26, 40)]
+    tables = [tuple(alloc.take(blocks_for(len(s), runner.block_size))) for s in seqs]
+    full = runner.forward([SequenceStep(t, 0, tuple(s)) for t, s in zip(tables, seqs, strict=True)])
+    for t, s in zip(tables, seqs, strict=True):
+        runner.forward([SequenceStep(t, 0, tuple(s[:-1]))])
+    decoded = runner.forward([SequenceStep(t, len(s) - 1, (s[-1],)) for t, s in
+                              zip(tables, seqs, strict=True)])
+    scale = full.abs().max().item()
+    assert (decoded - full).abs().max().item() < 0.02 * scale

@@ -1,0 +1,60 @@
+"""Command line: ``hermes-async`` / ``python -m hermes_async``.
+
+    hermes-async model fetch            convert the embedded default model once, print its dir
+    hermes-async generate "question"    one-shot chat completion on the runner, streamed
+    hermes-async render FILE.json       show the final prompt of a messages file
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hermes-async", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    model = sub.add_parser("model", help="manage the embedded default model")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    fetch = model_sub.add_parser("fetch", help="convert SmolLM2-135M-Instruct once; print dir")
+    fetch.add_argument("--quiet", action="store_true", help="no progress output")
+
+    gen = sub.add_parser("generate", help="one-shot chat completion, streamed to stdout")
+    gen.add_argument("prompt", nargs="?", default="What is the capital of France?")
+    gen.add_argument("--model", default=None, help="HF directory (default: embedded model)")
+    gen.add_argument("--config", default=None, help="TOML config file")
+    gen.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+
+    try:
+        from hermes_async.cli_render import add_render_parser
+    except ImportError:  # prompt assembly not installed in this build
+        pass
+    else:
+        add_render_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "model":
+        from hermes_async.cli_model import cmd_model_fetch
+
+        return cmd_model_fetch(args)
+    if args.command == "generate":
+        from hermes_async.cli_generate import cmd_generate
+
+        return cmd_generate(args)
+    if args.command == "render":
+        from hermes_async.cli_render import cmd_render
+
+        return cmd_render(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Runner benchmark: hermes_async's paged runner vs transformers' model, same weights, same run.
+
+Measures prefill of N tokens and decode steps at several batch sizes, in float32 and bfloat16,
+and the machine's matmul rate in the same process so every figure is also a fraction of that
+roofline. Prints a markdown table (and writes JSON with --json).
+
+    python loadtest/bench_runner.py                      # default model, float32 + bfloat16
+    python loadtest/bench_runner.py --model DIR --dtypes bfloat16 --batches 1 8 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hermes_async.config import CacheConfig, ModelConfig
+from hermes_async.model.runner import ModelRunner
+from hermes_async.model.spec import read_spec
+from hermes_async.types import SequenceStep
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def best_of(fn, repeat: int) -> float:
+    """Median wall time of ``repeat`` calls after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_rate(dtype: torch.dtype, n: int = 2048, repeat: int = 5) -> float:
+    """Measured FLOP/s of an ``n x n`` matmul: the roofline the figures are compared with."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    seconds = best_of(lambda: torch.mm(a, b), repeat)
+    return 2 * n**3 / seconds
+
+
+def model_flops(spec, new_tokens: int, context: int, seqs: int) -> float:
+    """Matmul FLOPs of one step: weights x tokens, attention scores/values, LM head per seq."""
+    per_layer = spec.hidden_size * (spec.q_size + 2 * spec.kv_size) + spec.q_size * \
+        spec.hidden_size + 3 * spec.hidden_size * spec.intermediate_size
+    weights = 2 * per_layer * spec.num_layers * new_tokens * seqs
+    # each new token attends to ~context keys (causal prefill: half on average)
+    keys = context if new_tokens == 1 else context / 2
+    attn = 4 * spec.num_layers * spec.q_size * keys * new_tokens * seqs
+    head = 2 * spec.hidden_size * spec.vocab_size * seqs
+    return weights + attn + head
+
+
+def run_hermes(model_dir: Path, dtype: str, prompt_len: int, batches: list[int], steps: int,
+               repeat: int) -> tuple[dict, object]:
+    spec = read_spec(model_dir)
+    per_token = 2 * spec.num_layers * spec.kv_size * DTYPES[dtype].itemsize
+    tokens = (max(batches) + 1) * (prompt_len + steps + 256)
+    runner = ModelRunner(model_dir, ModelConfig(dtype=dtype, device="cpu"),
+                         CacheConfig(kv_cache_bytes=tokens * per_token))
+    bs = runner.block_size
+    per_seq = -(-(prompt_len + steps + 1) // bs)
+    ids = tuple(int(i) for i in torch.randint(100, 40000, (prompt_len,)))
+    table0 = tuple(range(per_seq))
+    out = {"prefill": best_of(lambda: runner.forward([SequenceStep(table0, 0, ids)]), repeat)}
+    for b in batches:
+        tables = [tuple(range(i * per_seq, (i + 1) * per_seq)) for i in range(b)]
+        for t in tables:
+            runner.forward([SequenceStep(t, 0, ids)])
+
+        def decode(tables=tables):
+            for s in range(steps):
+                runner.forward([SequenceStep(t, prompt_len + s, (7,)) for t in tables])
+
+        out[f"decode_b{b}"] = best_of(decode, repeat) / steps
+    return out, runner.spec
+
+
+def run_transformers(model_dir: Path, dtype: str, prompt_len: int, batches: list[int],
+                     steps: int, repeat: int) -> dict:
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).eval()
+    ids = torch.randint(100, 40000, (1, prompt_len))
+    out = {}
+    with torch.inference_mode():
+        out["prefill"] = best_of(lambda: model(ids, logits_to_keep=1), repeat)
+        for b in batches:
+            batch = ids.expand(b, -1).contiguous()
+            tok = torch.full((b, 1), 7)
+
+            def decode(batch=batch, tok=tok):
+                cache = DynamicCache()
+                model(batch, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    model(tok, past_key_values=cache, use_cache=True)
+                return time.perf_counter() - t0
+
+            decode()
+            out[f"decode_b{b}"] = statistics.median(decode() for _ in range(repeat)) / steps
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, default=None, help="HF dir (default: embedded model)")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--steps", type=int, default=8, help="decode steps per measurement")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    if args.model is None:
+        from hermes_async.model.default_model import fetch_default_model
+
+        args.model = fetch_default_model()
+    rows, record = [], {"torch_threads": torch.get_num_threads(), "results": []}
+    for dtype in args.dtypes:
+        peak = matmul_rate(DTYPES[dtype])
+        ours, spec = run_hermes(args.model, dtype, args.prompt_len, args.batches, args.steps,
+                                args.repeat)
+        ref = run_transformers(args.model, dtype, args.prompt_len, args.batches, args.steps,
+                               args.repeat)
+        for key in ours:
+            b = 1 if key == "prefill" else int(key.split("_b")[1])
+            n_new = args.prompt_len if key == "prefill" else 1
+            flops = model_flops(spec, n_new, args.prompt_len, b)
+            tok_s = n_new * b / ours[key]
+            rows.append((dtype, key, b, ours[key] * 1e3, ref[key] * 1e3, ref[key] / ours[key],
+                         tok_s, flops / ours[key] / peak, peak / 1e9))
+            record["results"].append(dict(dtype=dtype, case=key, hermes_ms=ours[key] * 1e3,
+                                          transformers_ms=ref[key] * 1e3,
+                                          roofline_gflops=peak / 1e9,
+                                          roofline_fraction=flops / ours[key] / peak))
+    print(f"torch threads: {torch.get_num_threads()}, prompt {args.prompt_len} tokens, "
+          f"{args.steps} decode steps per sample, median of {args.repeat}\n")
+    print("| dtype | case | batch | hermes ms/step | transformers ms/step | speed-up | "
+          "hermes tok/s | hermes % of matmul roofline | roofline GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.1f} | {r[5]:.2f}x | "
+              f"{r[6]:.0f} | {100 * r[7]:.0f}% | {r[8]:.0f} |")
+    if args.json:
+        args.json.write_text(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,7 @@ turns it into one packed batch. Nothing here knows about HTTP or JSON.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +34,76 @@ class SequenceStep:
     def context_len(self) -> int:
         """Tokens attended by the last new token (cached prefix plus new tokens)."""
         return self.start_pos + len(self.token_ids)
+
+
+class FinishReason(StrEnum):
+    """Why a sequence stopped, spelled as OpenAI does (plus ``abort`` and ``error``)."""
+
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the model's context
+    ABORT = "abort"  # the client went away or abort() was called
+    ERROR = "error"  # the step that computed it failed
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop (OpenAI's names and meanings).
+
+    temperature 0 means greedy. ``top_k`` None and ``top_p`` 1.0 and ``min_p`` 0 disable those
+    filters. Penalties follow OpenAI (frequency/presence, additive on logits) and the HF/vLLM
+    repetition penalty (divides positive logits, multiplies negative ones, over prompt and
+    output tokens). ``seed`` makes a request's samples reproducible whatever else is batched
+    with it. ``stop`` strings never appear in the output. ``n`` sequences share the prompt's
+    KV blocks. ``top_logprobs`` > 0 implies ``logprobs``.
+    """
+
+    max_tokens: int | None = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be >= 1"),
+            (0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]"),
+            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+            (self.top_k is None or self.top_k >= 1, "top_k", "must be >= 1"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
+            (0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
+            (1 <= self.n <= 128, "n", "must be in [1, 128]"),
+            (0 <= self.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]"),
+            (self.min_tokens >= 0, "min_tokens", "must be >= 0"),
+            (len(self.stop) <= 16 and all(isinstance(s, str) and s for s in self.stop),
+             "stop", "must be at most 16 non-empty strings"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise InvalidParameter(name, f"{name} {why}")
+        if self.top_logprobs and not self.logprobs:
+            object.__setattr__(self, "logprobs", True)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class InvalidParameter(ValueError):
+    """A request parameter is out of range; ``param`` names it (the server's 400 ``param``)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param

@@ -83,11 +83,45 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class SchedulerConfig:
+    """The step scheduler.
+
+    max_num_seqs: most sequences in one forward step (running decodes plus prefill chunks).
+    max_num_batched_tokens: token budget of one step; decodes are scheduled first, prefill
+        chunks fill the rest, so a long prompt is chunked across steps. Must be at least
+        ``max_num_seqs`` so every running decode always fits.
+    policy: ``fcfs`` admits in arrival order; ``cache_aware`` admits the waiting request with
+        the longest cached prefix first, but never lets one wait longer than
+        ``max_wait_s`` (then it goes first).
+    max_waiting: most requests waiting for admission; more are refused (HTTP 429).
+    max_waiting_tokens: most prompt tokens waiting for admission; more are refused.
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    policy: Literal["fcfs", "cache_aware"] = "fcfs"
+    max_wait_s: float = 5.0
+    max_waiting: int = 1024
+    max_waiting_tokens: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError("scheduler.max_num_seqs must be at least 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError("scheduler.max_num_batched_tokens must be >= max_num_seqs")
+        if self.policy not in ("fcfs", "cache_aware"):
+            raise ConfigError(f"scheduler.policy must be fcfs or cache_aware, not {self.policy!r}")
+        if self.max_wait_s <= 0 or self.max_waiting < 1 or self.max_waiting_tokens < 1:
+            raise ConfigError("scheduler.max_wait_s, max_waiting, max_waiting_tokens must be > 0")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything an engine needs; sections mirror ``configs/default.toml``."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def replace(self, **sections: Any) -> EngineConfig:
         """Return a copy with whole sections or ``section.key`` overrides replaced.

@@ -26,20 +26,30 @@ from hermes_async.types import SequenceStep
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def best_of(fn, repeat: int) -> float:
-    """Median wall time of ``repeat`` calls after one warm-up."""
+    """Median wall time of ``repeat`` calls after one warm-up (device work included)."""
     fn()
+    sync()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def matmul_rate(dtype: torch.dtype, n: int = 2048, repeat: int = 5) -> float:
+def matmul_rate(dtype: torch.dtype, device: str, n: int = 2048, repeat: int = 5) -> float:
     """Measured FLOP/s of an ``n x n`` matmul: the roofline the figures are compared with."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    if device != "cpu":
+        n = 8192
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
     seconds = best_of(lambda: torch.mm(a, b), repeat)
     return 2 * n**3 / seconds
 
@@ -57,11 +67,11 @@ def model_flops(spec, new_tokens: int, context: int, seqs: int) -> float:
 
 
 def run_hermes(model_dir: Path, dtype: str, prompt_len: int, batches: list[int], steps: int,
-               repeat: int) -> tuple[dict, object]:
+               repeat: int, device: str) -> tuple[dict, object]:
     spec = read_spec(model_dir)
     per_token = 2 * spec.num_layers * spec.kv_size * DTYPES[dtype].itemsize
     tokens = (max(batches) + 1) * (prompt_len + steps + 256)
-    runner = ModelRunner(model_dir, ModelConfig(dtype=dtype, device="cpu"),
+    runner = ModelRunner(model_dir, ModelConfig(dtype=dtype, device=device),
                          CacheConfig(kv_cache_bytes=tokens * per_token))
     bs = runner.block_size
     per_seq = -(-(prompt_len + steps + 1) // bs)
@@ -82,17 +92,18 @@ def run_hermes(model_dir: Path, dtype: str, prompt_len: int, batches: list[int],
 
 
 def run_transformers(model_dir: Path, dtype: str, prompt_len: int, batches: list[int],
-                     steps: int, repeat: int) -> dict:
+                     steps: int, repeat: int, device: str) -> dict:
     from transformers import AutoModelForCausalLM, DynamicCache
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).eval()
-    ids = torch.randint(100, 40000, (1, prompt_len))
+    model = model.to(device)
+    ids = torch.randint(100, 40000, (1, prompt_len), device=device)
     out = {}
     with torch.inference_mode():
         out["prefill"] = best_of(lambda: model(ids, logits_to_keep=1), repeat)
         for b in batches:
             batch = ids.expand(b, -1).contiguous()
-            tok = torch.full((b, 1), 7)
+            tok = torch.full((b, 1), 7, device=device)
 
             def decode(batch=batch, tok=tok):
                 cache = DynamicCache()
@@ -100,6 +111,7 @@ def run_transformers(model_dir: Path, dtype: str, prompt_len: int, batches: list
                 t0 = time.perf_counter()
                 for _ in range(steps):
                     model(tok, past_key_values=cache, use_cache=True)
+                sync()
                 return time.perf_counter() - t0
 
             decode()
@@ -116,6 +128,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="decode steps per measurement")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
     if args.model is None:
         from hermes_async.model.default_model import fetch_default_model
@@ -123,11 +136,11 @@ def main() -> None:
         args.model = fetch_default_model()
     rows, record = [], {"torch_threads": torch.get_num_threads(), "results": []}
     for dtype in args.dtypes:
-        peak = matmul_rate(DTYPES[dtype])
+        peak = matmul_rate(DTYPES[dtype], args.device)
         ours, spec = run_hermes(args.model, dtype, args.prompt_len, args.batches, args.steps,
-                                args.repeat)
+                                args.repeat, args.device)
         ref = run_transformers(args.model, dtype, args.prompt_len, args.batches, args.steps,
-                               args.repeat)
+                               args.repeat, args.device)
         for key in ours:
             b = 1 if key == "prefill" else int(key.split("_b")[1])
             n_new = args.prompt_len if key == "prefill" else 1
@@ -139,7 +152,8 @@ def main() -> None:
                                           transformers_ms=ref[key] * 1e3,
                                           roofline_gflops=peak / 1e9,
                                           roofline_fraction=flops / ours[key] / peak))
-    print(f"torch threads: {torch.get_num_threads()}, prompt {args.prompt_len} tokens, "
+    print(f"device {args.device}, torch threads: {torch.get_num_threads()}, "
+          f"prompt {args.prompt_len} tokens, "
           f"{args.steps} decode steps per sample, median of {args.repeat}\n")
     print("| dtype | case | batch | hermes ms/step | transformers ms/step | speed-up | "
           "hermes tok/s | hermes % of matmul roofline | roofline GFLOP/s |")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -32,10 +33,15 @@ def tiny_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
 
 
+def test_device() -> str:
+    """``HERMES_TEST_DEVICE=cuda`` runs the runner tests on a GPU (scripts/device_check.sh)."""
+    return os.environ.get("HERMES_TEST_DEVICE", "cpu")
+
+
 def make_runner(path, block_size: int = 8, dtype: str = "float32") -> ModelRunner:
     return ModelRunner(
         path,
-        ModelConfig(dtype=dtype, device="cpu"),
+        ModelConfig(dtype=dtype, device=test_device()),
         CacheConfig(block_size=block_size, kv_cache_bytes=4 << 20),
     )
 

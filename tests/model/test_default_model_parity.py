@@ -8,6 +8,7 @@ import torch
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.runner import ModelRunner
 from hermes_async.types import SequenceStep
+from tests.model.conftest import test_device
 from tests.model.test_runner_parity import greedy_with_runner
 
 pytestmark = pytest.mark.slow
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 def real(default_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    runner = ModelRunner(default_model_dir, ModelConfig(dtype="float32", device="cpu"),
+    runner = ModelRunner(default_model_dir, ModelConfig(dtype="float32", device=test_device()),
                          CacheConfig(kv_cache_bytes=64 << 20))
     oracle = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
@@ -34,7 +35,7 @@ def test_prefill_logits_match_transformers(real):
     runner, oracle, tokenizer = real
     ids = chat_ids(tokenizer, "Explain in two sentences why the sky is blue.")
     table = tuple(range(-(-len(ids) // runner.block_size)))
-    ours = runner.forward([SequenceStep(table, 0, tuple(ids))])[0]
+    ours = runner.forward([SequenceStep(table, 0, tuple(ids))])[0].cpu()
     with torch.no_grad():
         ref = oracle(torch.tensor([ids])).logits[0, -1]
     assert (ours - ref).abs().max().item() < 1e-3

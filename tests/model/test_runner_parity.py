@@ -33,7 +33,7 @@ def test_full_prefill_matches_transformers(tiny_arch_dir, oracle_for):
     for n in (1, 7, 8, 9, 61):  # below, at and past block boundaries; past mistral's window
         ids = prompt(n, seed=n)
         table = tuple(alloc.take(blocks_for(n, runner.block_size)))
-        ours = runner.forward([SequenceStep(table, 0, tuple(ids))])[0]
+        ours = runner.forward([SequenceStep(table, 0, tuple(ids))])[0].cpu()
         ref = oracle_last_logits(oracle_for(tiny_arch_dir), ids)
         assert (ours - ref).abs().max().item() < TOL, n
 
@@ -108,7 +108,7 @@ def greedy_with_runner(runner, ids: list[int], new_tokens: int) -> list[int]:
     logits = runner.forward([SequenceStep(table, 0, tuple(ids))])[0]
     out = []
     for _ in range(new_tokens):
-        tok = int(logits.argmax())
+        tok = int(logits.argmax().item())
         out.append(tok)
         pos = len(ids) + len(out) - 1
         logits = runner.forward([SequenceStep(table, pos, (tok,))])[0]

@@ -1,0 +1,204 @@
+"""The engine's synchronous core: requests in, steps planned, results turned into outputs.
+
+Everything here runs on the event loop that owns the engine (no locks): ``plan_step`` picks
+the next batch, the async wrapper runs ``runner.execute`` in its worker thread, then
+``finish_step`` (or ``fail_step``) records the results, detokenizes, applies stop rules and
+pushes :class:`RequestOutput` to each request's queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hermes_async.cache.manager import KVCacheManager
+from hermes_async.config import EngineConfig
+from hermes_async.engine.request import (
+    EngineRequest,
+    RequestOutput,
+    Sequence,
+    TokenLogprob,
+)
+from hermes_async.engine.runner_protocol import SampledToken, SampleRow, StepRunner
+from hermes_async.engine.scheduler import ScheduledBatch, Scheduler
+from hermes_async.metrics import EngineMetrics
+from hermes_async.types import FinishReason, SequenceStep
+
+log = logging.getLogger("hermes_async.engine")
+
+OutputTextFactory = Callable[[list[int], tuple[str, ...]], Any]
+
+
+class EngineCore:
+    """Scheduler + KV cache manager + request table over one :class:`StepRunner`."""
+
+    def __init__(self, config: EngineConfig, runner: StepRunner, eos_token_ids: frozenset[int],
+                 output_text: OutputTextFactory, metrics: EngineMetrics) -> None:
+        self.config = config
+        self.runner = runner
+        self.eos_token_ids = eos_token_ids
+        self.output_text = output_text
+        self.metrics = metrics
+        self.cache = KVCacheManager.from_config(config.cache, runner.num_blocks,
+                                                runner.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.cache)
+        self.requests: dict[str, EngineRequest] = {}
+        self._evicted_seen = 0
+
+    # ----- requests -------------------------------------------------------------------------
+    def add(self, req: EngineRequest) -> None:
+        """Register a validated request and queue its sequences."""
+        for i in range(req.params.n):
+            seq_id = req.request_id if req.params.n == 1 else f"{req.request_id}#{i}"
+            seed = None if req.params.seed is None else req.params.seed + i
+            seq = Sequence(seq_id, req, i, list(req.prompt_ids), len(req.prompt_ids),
+                           self.output_text(req.prompt_ids, req.params.stop),
+                           self.runner.new_sampler_state(seed))
+            req.sequences.append(seq)
+            self.scheduler.add(seq)
+        self.requests[req.request_id] = req
+        self.metrics.prompt_tokens.labels(req.namespace).inc(len(req.prompt_ids))
+
+    def abort(self, request_id: str) -> bool:
+        """Abort at once: blocks released now (safe mid-step: nothing allocates until the next
+        plan, and the step's results for it are dropped). False if unknown or finished."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        req.aborted = True
+        for seq in req.sequences:
+            if not seq.is_finished:
+                self._finish(seq, FinishReason.ABORT, "")
+        return True
+
+    # ----- one step -------------------------------------------------------------------------
+    def plan_step(self) -> tuple[ScheduledBatch, list[SequenceStep], list[SampleRow | None]]:
+        batch = self.scheduler.schedule()
+        if batch.num_preempted:
+            self.metrics.preemptions.inc(batch.num_preempted)
+        if not batch.entries:
+            stuck = self.scheduler.pop_unfittable()
+            if stuck is not None:  # alone and still no room: the pool is too small for it
+                self._fail_request(stuck.request, "the KV cache is too small for this request",
+                                   "kv_cache_too_small")
+        for seq in batch.first_admissions:
+            self._record_admission(seq)
+        steps, rows = [], []
+        for e in batch.entries:
+            steps.append(SequenceStep(e.block_table, e.start_pos, e.token_ids))
+            rows.append(self._sample_row(e.seq) if e.completes_prompt else None)
+        self._update_gauges()
+        return batch, steps, rows
+
+    def finish_step(self, batch: ScheduledBatch, results: list[SampledToken | None],
+                    seconds: float) -> None:
+        """Apply a step's sampled tokens: detokenize, stop checks, outputs, releases."""
+        self.metrics.step_seconds.observe(seconds)
+        self.metrics.step_tokens.observe(batch.num_tokens)
+        self.metrics.step_seqs.observe(len(batch.entries))
+        tokens = [None if r is None else r.token_id for r in results]
+        by_entry = dict(zip((id(e) for e in batch.entries), results, strict=True))
+        now = time.monotonic()
+        for entry in self.scheduler.update_from_output(batch, tokens):
+            self._on_token(entry.seq, by_entry[id(entry)], now)
+        self._update_gauges()
+
+    def fail_step(self, batch: ScheduledBatch, error: BaseException) -> None:
+        """A forward raised: fail the requests of this step only; the loop goes on."""
+        log.exception("forward step failed; failing %d sequence(s)", len(batch.entries),
+                      exc_info=error)
+        for req in {id(e.seq.request): e.seq.request for e in batch.entries}.values():
+            self._fail_request(req, f"model execution failed: {error}", "engine_error")
+
+    def background(self) -> None:
+        """Eviction to the low watermark and fork-limit pruning (between steps)."""
+        evicted = self.cache.evict_to_low_watermark()
+        if evicted:
+            self.metrics.evicted_blocks.inc(evicted)
+        pruned = self.cache.prune_forks()
+        if pruned:
+            self.metrics.pruned_nodes.inc(pruned)
+
+    # ----- internals --------------------------------------------------------------------------
+    def _sample_row(self, seq: Sequence) -> SampleRow:
+        p = seq.request.params
+        banned: frozenset[int] = frozenset()
+        if seq.num_output_tokens < p.min_tokens:
+            banned = self.eos_token_ids | frozenset(p.stop_token_ids)
+        return SampleRow(p, seq.tokens[:seq.num_prompt_tokens], seq.output_ids,
+                         seq.sampler_state, banned)
+
+    def _record_admission(self, seq: Sequence) -> None:
+        ns = seq.request.namespace
+        matched = seq.cached_tokens or 0
+        self.metrics.prefix_queries.labels(ns).inc(seq.num_prompt_tokens)
+        self.metrics.prefix_hits.labels(ns).inc(matched)
+        self.metrics.prefix_matched.labels(ns).observe(matched)
+        log.debug("request %s admitted: start_position=%d of %d prompt tokens", seq.seq_id,
+                  matched, seq.num_prompt_tokens)
+
+    def _on_token(self, seq: Sequence, sampled: SampledToken, now: float) -> None:
+        req, p = seq.request, seq.request.params
+        token = sampled.token_id
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            if seq.index == 0:
+                self.metrics.ttft.observe(now - req.arrival_time)
+        elif seq.last_token_time is not None:
+            self.metrics.itl.observe(now - seq.last_token_time)
+        seq.last_token_time = now
+        self.metrics.generation_tokens.labels(req.namespace).inc()
+        reason = None
+        emitted_ids: tuple[int, ...] = (token,)
+        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+            reason, text, emitted_ids = FinishReason.STOP, seq.output_text.finish().text, ()
+        else:
+            delta = seq.output_text.append(token)
+            text = delta.text
+            if delta.stopped:
+                reason = FinishReason.STOP
+            elif p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens or \
+                    len(seq.tokens) >= self.runner.max_model_len:
+                reason = FinishReason.LENGTH
+                text += seq.output_text.finish().text
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if p.logprobs and sampled.logprob is not None:
+            logprobs = (TokenLogprob(token, sampled.logprob, sampled.top_logprobs),)
+        if reason is None:
+            if text or emitted_ids:
+                req.queue.put_nowait(RequestOutput(req.request_id, seq.index, text,
+                                                   emitted_ids, logprobs=logprobs))
+            return
+        self._finish(seq, reason, text, emitted_ids, logprobs)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, text: str,
+                token_ids: tuple[int, ...] = (), logprobs: tuple[TokenLogprob, ...] = (),
+                error: str | None = None) -> None:
+        req = seq.request
+        self.scheduler.remove(seq)
+        seq.finish_reason = reason
+        usage = None
+        if req.finished:
+            usage = req.usage()
+            self.requests.pop(req.request_id, None)
+            self.metrics.e2e.observe(time.monotonic() - req.arrival_time)
+        req.queue.put_nowait(RequestOutput(req.request_id, seq.index, text, token_ids, reason,
+                                           usage, logprobs, error))
+
+    def _fail_request(self, req: EngineRequest, message: str, code: str) -> None:
+        req.error = message
+        self.metrics.request_errors.labels(code).inc()
+        for seq in req.sequences:
+            if not seq.is_finished:
+                self._finish(seq, FinishReason.ERROR, "", error=message)
+
+    def _update_gauges(self) -> None:
+        m, usage = self.metrics, self.cache.usage()
+        m.requests_running.set(len(self.scheduler.running))
+        m.requests_waiting.set(len(self.scheduler.waiting))
+        m.kv_blocks_total.set(usage.total)
+        m.kv_blocks_free.set(usage.free)
+        m.kv_blocks_cached.set(usage.cached)
+        m.kv_blocks_pinned.set(usage.pinned)

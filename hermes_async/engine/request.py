@@ -1,0 +1,120 @@
+"""Request and sequence state owned by the engine loop, and what it streams back.
+
+A request (one ``generate`` call) has ``n`` sequences; each sequence is what the scheduler
+schedules and what the KV cache manager holds blocks for (under ``seq_id``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hermes_async.types import FinishReason, SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts as OpenAI reports them; ``cached_tokens`` is the prefix-cache hit."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One increment of one sequence of a request.
+
+    ``text`` and ``token_ids`` are new since the previous output of the same ``index``.
+    ``finish_reason`` is set on a sequence's last output; ``usage`` on the request's very last
+    output (all sequences finished), ``error`` when the request failed.
+    """
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One generated continuation; ``tokens`` = prompt ids followed by output ids."""
+
+    seq_id: str
+    request: EngineRequest
+    index: int
+    tokens: list[int]
+    num_prompt_tokens: int
+    output_text: Any  # engine.output_text.OutputText: detokenizer + stop strings
+    sampler_state: Any  # opaque, from the runner (per-sequence RNG)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed: int = 0  # tokens whose KV is in the pool
+    admit_order: int = -1  # set on each admission; larger = more recent
+    cached_tokens: int | None = None  # matched length at first admission
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.tokens) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """A ``generate`` call: its prompt, parameters, sequences and output queue."""
+
+    request_id: str
+    namespace: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    queue: Any  # asyncio.Queue[RequestOutput]
+    arrival_time: float = field(default_factory=time.monotonic)
+    sequences: list[Sequence] = field(default_factory=list)
+    aborted: bool = False
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.sequences)
+
+    def usage(self) -> Usage:
+        cached = (self.sequences[0].cached_tokens or 0) if self.sequences else 0
+        return Usage(len(self.prompt_ids), sum(s.num_output_tokens for s in self.sequences),
+                     cached)

@@ -1,0 +1,221 @@
+"""The step scheduler: which sequences compute which tokens in the next forward pass.
+
+Synchronous and torch-free; owned by the engine loop. Each ``schedule()`` packs, under a token
+budget and a sequence cap:
+
+1. every running decode (one token each, oldest admission first): decodes are never starved;
+2. the next chunk of every running prefill that is not finished (long prompts are chunked);
+3. new admissions from the waiting queue, each starting at its matched (cached) length.
+
+When the KV pool cannot hold a running sequence's next token even after eviction, the most
+recently admitted sequence is preempted: its blocks are released (its committed blocks stay in
+the prefix tree, so re-admission usually hits them) and it goes back to the front of the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hermes_async.cache.manager import KVCacheManager
+from hermes_async.config import SchedulerConfig
+from hermes_async.engine.request import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's share of a step: compute ``token_ids`` starting at ``start_pos``."""
+
+    seq: Sequence
+    start_pos: int
+    token_ids: tuple[int, ...]
+    block_table: tuple[int, ...]
+
+    @property
+    def completes_prompt(self) -> bool:
+        """True when this chunk reaches the sequence's last token: its logits are sampled."""
+        return self.start_pos + len(self.token_ids) == len(self.seq.tokens)
+
+
+@dataclass
+class ScheduledBatch:
+    entries: list[ScheduledSequence] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_preempted: int = 0
+    first_admissions: list[Sequence] = field(default_factory=list)  # their first admission
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+
+class Scheduler:
+    """Waiting queue, running set and the per-step packing over a :class:`KVCacheManager`."""
+
+    def __init__(self, config: SchedulerConfig, cache: KVCacheManager,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.cache = cache
+        self.clock = clock
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._admissions = 0
+        self.num_preemptions = 0
+
+    # ----- queue --------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Drop a sequence wherever it is (finish, abort, error); releases its blocks once."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.cache.release(seq.seq_id)
+        elif seq.status is SequenceStatus.WAITING:
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.waiting)
+
+    # ----- one step -----------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        """Pick this step's work; the returned block tables are valid until the next call."""
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        chosen: dict[int, ScheduledSequence] = {}
+        decodes = [s for s in self.running if len(s.tokens) - s.num_computed == 1]
+        prefills = [s for s in self.running if len(s.tokens) - s.num_computed > 1]
+        for seq in sorted(decodes, key=lambda s: s.admit_order) + prefills:
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted while making room for an older one
+            if budget <= 0 or len(chosen) >= self.config.max_num_seqs:
+                break
+            n = min(len(seq.tokens) - seq.num_computed, budget)
+            if not self._make_room(seq, seq.num_computed + n, chosen, batch):
+                continue
+            chosen[id(seq)] = self._entry(seq, n)
+            budget -= n
+        if not batch.num_preempted:
+            budget = self._admit(budget, chosen, batch.first_admissions)
+        for entry in chosen.values():
+            if entry.seq.num_output_tokens > 0 and len(entry.token_ids) == 1:
+                batch.num_decode_tokens += 1
+            else:
+                batch.num_prefill_tokens += len(entry.token_ids)
+            batch.entries.append(entry)
+        return batch
+
+    def update_from_output(self, batch: ScheduledBatch,
+                           sampled: list[int | None]) -> list[ScheduledSequence]:
+        """Record a finished step: advance computed lengths, cache newly full blocks, append
+        each sampled token. Returns the entries that got a new token (still running ones).
+
+        Entries whose sequence left the running set during the step (aborted) are skipped.
+        """
+        grown = []
+        for entry, token in zip(batch.entries, sampled, strict=True):
+            seq = entry.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq.num_computed = entry.start_pos + len(entry.token_ids)
+            self.cache.commit(seq.seq_id, seq.tokens[:seq.num_computed])
+            if token is not None:
+                seq.tokens.append(token)
+                grown.append(entry)
+        return grown
+
+    def pop_unfittable(self) -> Sequence | None:
+        """When nothing runs and the head of the queue still cannot be admitted, the pool is
+        too small for it: take it out so the caller can fail it (else it would wait forever)."""
+        if self.running or not self.waiting:
+            return None
+        return self.waiting.popleft()
+
+    def _entry(self, seq: Sequence, n: int) -> ScheduledSequence:
+        start = seq.num_computed
+        return ScheduledSequence(seq, start, tuple(seq.tokens[start:start + n]),
+                                 tuple(self.cache.block_table(seq.seq_id)))
+
+    def _make_room(self, seq: Sequence, num_tokens: int, chosen: dict[int, ScheduledSequence],
+                   batch: ScheduledBatch) -> bool:
+        """Grow ``seq``'s blocks to ``num_tokens``, preempting newer sequences as needed.
+        False when ``seq`` itself had to be preempted."""
+        while self.cache.grow(seq.seq_id, num_tokens) is None:
+            victim = max(self.running, key=lambda s: s.admit_order)
+            chosen.pop(id(victim), None)
+            self._preempt(victim)
+            batch.num_preempted += 1
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.cache.release(seq.seq_id)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _admit(self, budget: int, chosen: dict[int, ScheduledSequence],
+               first: list[Sequence]) -> int:
+        skipped: list[Sequence] = []
+        while self.waiting and budget > 0 and len(chosen) < self.config.max_num_seqs:
+            seq = self._next_waiting()
+            if not self._ready(seq):
+                skipped.append(seq)
+                continue
+            admission = self.cache.admit(seq.seq_id, seq.request.namespace, seq.tokens,
+                                         num_new_tokens=budget)
+            if admission is None:
+                self.waiting.appendleft(seq)
+                break
+            self._admissions += 1
+            seq.admit_order = self._admissions
+            seq.status = SequenceStatus.RUNNING
+            seq.num_computed = admission.matched_len
+            if seq.cached_tokens is None:
+                seq.cached_tokens = admission.matched_len
+                first.append(seq)
+            self.running.append(seq)
+            n = min(len(seq.tokens) - seq.num_computed, budget)
+            chosen[id(seq)] = self._entry(seq, n)
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        return budget
+
+    def _next_waiting(self) -> Sequence:
+        """Pop the next sequence to admit under the configured policy."""
+        if self.config.policy == "fcfs" or len(self.waiting) == 1:
+            return self.waiting.popleft()
+        now = self.clock()
+        head = self.waiting[0]
+        if now - head.request.arrival_time >= self.config.max_wait_s:
+            return self.waiting.popleft()  # bounded wait: the oldest goes first
+        window = list(self.waiting)[:64]
+        best = max(window, key=lambda s: (self.cache.probe(s.request.namespace, s.tokens),
+                                          -s.request.arrival_time))
+        self.waiting.remove(best)
+        return best
+
+    @staticmethod
+    def _ready(seq: Sequence) -> bool:
+        """Sibling sequences (n > 1) wait until the first one's prompt is computed, so they
+        find the prompt's blocks in the prefix tree instead of computing them again."""
+        if seq.index == 0 or seq.num_computed:
+            return True
+        first = seq.request.sequences[0]
+        return first.is_finished or first.num_computed >= first.num_prompt_tokens

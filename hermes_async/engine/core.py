@@ -159,10 +159,11 @@ class EngineCore:
             text = delta.text
             if delta.stopped:
                 reason = FinishReason.STOP
-            elif p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens or \
+            elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
                     len(seq.tokens) >= self.runner.max_model_len:
-                reason = FinishReason.LENGTH
-                text += seq.output_text.finish().text
+                tail = seq.output_text.finish()  # a stop string may still match held-back text
+                reason = FinishReason.STOP if tail.stopped else FinishReason.LENGTH
+                text += tail.text
         logprobs: tuple[TokenLogprob, ...] = ()
         if p.logprobs and sampled.logprob is not None:
             logprobs = (TokenLogprob(token, sampled.logprob, sampled.top_logprobs),)

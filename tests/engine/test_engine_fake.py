@@ -133,8 +133,15 @@ async def test_breaking_out_aborts_and_releases():
 
 async def test_cancelling_the_consumer_aborts():
     async with make_engine() as engine:
-        task = asyncio.create_task(collect(engine, list(range(20)), greedy(400)))
-        await asyncio.sleep(0.05)
+        started = asyncio.Event()
+
+        async def consume():
+            async for _out in engine.generate(token_ids=list(range(20)), params=greedy(400)):
+                started.set()
+                await asyncio.sleep(0.01)  # a slow client: the request cannot finish first
+
+        task = asyncio.create_task(consume())
+        await started.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -1,0 +1,192 @@
+"""Offline throughput of AsyncEngine vs transformers, same model, same run.
+
+Workload: N requests sharing a ~1k-token system prompt, each with its own question, M output
+tokens each (EOS ignored so every engine produces the same amount). Reports output tokens/s of
+hermes_async (all requests submitted at once), transformers' continuous batching
+(``generate_batch``) and sequential ``generate`` (on a subset: a rate is a rate), the time to
+first token of a request whose system prompt is cached vs not, and where a step's time goes.
+
+    python loadtest/bench_engine.py                     # float32 and bfloat16, 64 x 128 tokens
+    python loadtest/bench_engine.py --dtypes bfloat16 --requests 32 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from hermes_async.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from hermes_async.engine.async_engine import AsyncEngine
+from hermes_async.types import SamplingParams
+
+PARAGRAPH = (
+    "You are the support assistant of Hermes Logistics. Answer briefly and politely. Our "
+    "warehouses are in Lyon, Porto and Gdansk; parcels ship within two working days; returns "
+    "are free for thirty days; customers must quote their order number, which has ten digits. "
+    "Never promise delivery dates, never share internal notes, and escalate damaged goods to a "
+    "human agent. "
+)
+QUESTIONS = ["Where is my parcel?", "Can I return a lamp?", "Do you ship to Norway?",
+             "How long does delivery take?", "What is your refund policy?",
+             "My order number has nine digits, is that a problem?", "Is Porto open on Sunday?",
+             "Can I change my address?"]
+
+
+def build_prompts(tokenizer, n: int, system_tokens: int) -> tuple[list[list[int]], int]:
+    reps = max(1, system_tokens // len(tokenizer.encode(PARAGRAPH)))
+    system = PARAGRAPH * reps
+    prompts = []
+    for i in range(n):
+        q = f"Request {i}: {QUESTIONS[i % len(QUESTIONS)]}"
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": q}]
+        prompts.append(list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
+                                                          tokenize=True, return_dict=False)))
+    return prompts, len(tokenizer.encode(system))
+
+
+class StepProfile:
+    """Wall time per phase of the engine's step, collected by wrapping its methods."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.steps = 0
+
+    def wrap(self, obj, name: str, label: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.seconds[label] += time.perf_counter() - t0
+                if label == "forward":
+                    self.steps += 1
+
+        setattr(obj, name, timed)
+
+
+async def run_hermes(model_dir: Path, dtype: str, prompts, max_tokens: int) -> dict:
+    cfg = EngineConfig(model=ModelConfig(path=str(model_dir), dtype=dtype, device="cpu"),
+                       cache=CacheConfig(kv_cache_bytes=2 << 30),
+                       scheduler=SchedulerConfig(max_num_seqs=len(prompts),
+                                                 max_num_batched_tokens=2048))
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    async with AsyncEngine(cfg) as engine:
+        async def one(p):
+            t0 = time.perf_counter()
+            first = None
+            n = 0
+            async for out in engine.generate(token_ids=p, params=params):
+                if first is None and out.token_ids:
+                    first = time.perf_counter() - t0
+                n += len(out.token_ids)
+            return first, n
+
+        await one(prompts[0][-40:])  # warm-up: first touches of the pool, lazy inits
+        # TTFT: system prompt not cached, then cached (a different question each time)
+        ttft_cold, _ = await one(prompts[0])
+        ttft_warm, _ = await one(prompts[1])
+        engine.core.cache.reset()  # the timed run starts with nothing cached
+        prof = StepProfile()
+        core, ex = engine.core, engine.runner
+        prof.wrap(core, "plan_step", "schedule")
+        prof.wrap(core, "finish_step", "postprocess (detokenize, stops, queues)")
+        prof.wrap(ex.model_runner, "forward", "forward")
+        prof.wrap(ex.sampler, "sample", "sampler")
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(one(p) for p in prompts))
+        wall = time.perf_counter() - t0
+    tokens = sum(n for _, n in results)
+    return dict(tokens_per_s=tokens / wall, wall_s=wall, tokens=tokens, ttft_cold=ttft_cold,
+                ttft_warm=ttft_warm, profile=dict(prof.seconds), steps=prof.steps)
+
+
+def run_transformers_batch(model_dir: Path, dtype: str, prompts, max_tokens: int) -> dict:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
+                                                 attn_implementation="sdpa_paged").eval()
+    gen = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=-1,
+                           pad_token_id=0)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        outs = model.generate_batch(inputs=prompts, generation_config=gen, warmup=False)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.generated_tokens) for o in outs.values())
+    return dict(tokens_per_s=tokens / wall, wall_s=wall, tokens=tokens)
+
+
+def run_transformers_sequential(model_dir: Path, dtype: str, prompts, max_tokens: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    tokens, t0 = 0, time.perf_counter()
+    with torch.inference_mode():
+        for p in prompts:
+            out = model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
+                                 min_new_tokens=max_tokens, pad_token_id=0)
+            tokens += out.shape[1] - len(p)
+    wall = time.perf_counter() - t0
+    return dict(tokens_per_s=tokens / wall, wall_s=wall, tokens=tokens)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--system-tokens", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--sequential-requests", type=int, default=3)
+    ap.add_argument("--skip-transformers", action="store_true")
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    if args.model is None:
+        from hermes_async.model.default_model import fetch_default_model
+
+        args.model = fetch_default_model(progress=False)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    prompts, sys_len = build_prompts(tok, args.requests, args.system_tokens)
+    print(f"{args.requests} requests, system prompt {sys_len} tokens, prompts "
+          f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.max_tokens} output "
+          f"tokens each, torch threads {torch.get_num_threads()}\n")
+    print("| dtype | engine | output tok/s | wall s | hermes / engine |")
+    print("|---|---|---|---|---|")
+    profiles = {}
+    for dtype in args.dtypes:
+        ours = asyncio.run(run_hermes(args.model, dtype, prompts, args.max_tokens))
+        profiles[dtype] = ours
+        rows = [("hermes_async AsyncEngine", ours)]
+        if not args.skip_transformers:
+            rows.append(("transformers generate_batch",
+                         run_transformers_batch(args.model, dtype, prompts, args.max_tokens)))
+            rows.append((f"transformers generate, sequential ({args.sequential_requests} req)",
+                         run_transformers_sequential(args.model, dtype,
+                                                     prompts[: args.sequential_requests],
+                                                     args.max_tokens)))
+        for name, r in rows:
+            print(f"| {dtype} | {name} | {r['tokens_per_s']:.1f} | {r['wall_s']:.1f} | "
+                  f"{ours['tokens_per_s'] / r['tokens_per_s']:.2f}x |")
+    print("\n| dtype | TTFT, system prompt not cached | TTFT, cached | ratio |")
+    print("|---|---|---|---|")
+    for dtype, r in profiles.items():
+        print(f"| {dtype} | {r['ttft_cold'] * 1e3:.0f} ms | {r['ttft_warm'] * 1e3:.0f} ms | "
+              f"{r['ttft_warm'] / r['ttft_cold']:.3f} |")
+    print("\n| dtype | phase | total s | per step ms | share of wall |")
+    print("|---|---|---|---|---|")
+    for dtype, r in profiles.items():
+        steps = max(r["steps"], 1)
+        for phase, secs in sorted(r["profile"].items(), key=lambda kv: -kv[1]):
+            print(f"| {dtype} | {phase} | {secs:.2f} | {secs / steps * 1e3:.1f} | "
+                  f"{secs / r['wall_s']:.0%} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -70,6 +70,8 @@ class AsyncEngine:
         self.metrics = metrics or EngineMetrics()
         self.background_interval_s = background_interval_s
         self.core: EngineCore | None = None
+        self.assembler: Any = None  # hermes_async.prompt.PromptAssembler once started
+        self.model_dir: Any = None
         self._executor: ThreadPoolExecutor | None = None
         self._tasks: list[asyncio.Task] = []
         self._wake = asyncio.Event()
@@ -86,6 +88,8 @@ class AsyncEngine:
             from hermes_async.wiring import build_components  # the one place wiring model in
 
             parts = await loop.run_in_executor(self._executor, build_components, self.config)
+            self.assembler = self.assembler or parts.assembler
+            self.model_dir = parts.model_dir
             self.runner = self.runner or parts.runner
             self.tokenizer = self.tokenizer or parts.tokenizer
             self._eos = self._eos if self._eos is not None else parts.eos_token_ids
@@ -137,6 +141,12 @@ class AsyncEngine:
     @property
     def is_running(self) -> bool:
         return self.core is not None and self._accepting
+
+    @property
+    def max_model_len(self) -> int:
+        if self.runner is None:
+            raise EngineError("the engine is not started")
+        return self.runner.max_model_len
 
     # ----- requests ---------------------------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None,

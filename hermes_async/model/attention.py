@@ -1,10 +1,11 @@
 """Paged attention over the KV pool, in plain torch (CPU and CUDA alike).
 
-One step's tokens arrive packed: decodes first (one token each), then each prefill chunk as a
-contiguous run. Every layer writes the new K/V into the pool through ``slot_mapping`` and then
-attends over each sequence's blocks: all decodes in one batched ``scaled_dot_product_attention``
-call (block tables padded, padding masked), each prefill chunk in its own call (causal, offset
-by the cached prefix it starts after).
+One step's tokens arrive packed: decodes first (one token each; those sharing a cached prefix
+grouped first), then each prefill chunk as a contiguous run. Every layer writes the new K/V
+into the pool through ``slot_mapping`` and then attends over each sequence's blocks: decodes
+sharing a prefix through cascade attention (:mod:`hermes_async.model.cascade`), the other
+decodes in one batched call (block tables padded, padding masked), each prefill chunk in its own
+call (causal, offset by the cached prefix it starts after).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from hermes_async.model.cascade import CascadeGroup, cascade_attention
 
 
 @dataclass
@@ -54,10 +57,12 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [T] long: block_id * block_size + offset of each new token
     num_decodes: int
-    decode_block_tables: torch.Tensor | None  # [B, max_blocks] long, padded with block 0
-    decode_context_lens: torch.Tensor | None  # [B] long
+    decode_block_tables: torch.Tensor | None  # [B', max_blocks] long (plain decodes), pad 0
+    decode_context_lens: torch.Tensor | None  # [B'] long
     prefills: list[PrefillChunk]
     block_size: int
+    cascade_groups: list[CascadeGroup] = field(default_factory=list)
+    num_cascade: int = 0  # decodes [0, num_cascade) are in cascade groups, the rest plain
     _decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
 
     def decode_mask(self, window: int | None) -> torch.Tensor:
@@ -94,20 +99,23 @@ def paged_attention(
     v_slots.index_copy_(0, meta.slot_mapping, v)
     k_blocks, v_blocks = kv_blocks
     out = torch.empty_like(q)
-    b = meta.num_decodes
-    if b:
+    for group in meta.cascade_groups:
+        out[group.start:group.end] = cascade_attention(q[group.start:group.end], kv_blocks,
+                                                       group, scale)
+    c, b = meta.num_cascade, meta.num_decodes
+    if b > c:
         bt = meta.decode_block_tables
         kd = k_blocks[bt].flatten(1, 2)  # [B, L, kvh, d]
         vd = v_blocks[bt].flatten(1, 2)
         mask = meta.decode_mask(window)
         if q.device.type == "cpu" and q.dtype != torch.float32:
-            out[:b] = _decode_attention_matmul(q[:b], kd, vd, mask, scale)
+            out[c:b] = _decode_attention_matmul(q[c:b], kd, vd, mask, scale)
         else:
             res = F.scaled_dot_product_attention(
-                q[:b].unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=mask,
+                q[c:b].unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=mask,
                 scale=scale, enable_gqa=True,
             )
-            out[:b] = res.squeeze(2)
+            out[c:b] = res.squeeze(2)
     for chunk in meta.prefills:
         s, e = chunk.token_start, chunk.token_end
         qp = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]

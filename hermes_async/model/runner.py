@@ -15,6 +15,7 @@ import torch
 
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.attention import AttentionMetadata, PrefillChunk
+from hermes_async.model.cascade import MIN_GROUP, build_group, plan_groups, shared_blocks
 from hermes_async.model.kv_pool import KVPool, derive_block_size, plan_num_blocks
 from hermes_async.model.loader import DTYPES, load_model
 from hermes_async.types import SequenceStep
@@ -61,6 +62,8 @@ class ModelRunner:
             memory_fraction=self.cache_config.kv_cache_memory_fraction,
         )
         self.pool = KVPool(shape, self.device)
+        # Cascade attention for decodes sharing cached blocks; not with sliding windows.
+        self.use_cascade = all(w is None for w in spec.sliding_windows)
 
     @property
     def num_blocks(self) -> int:
@@ -80,7 +83,7 @@ class ModelRunner:
             raise StepError("a step needs at least one sequence")
         for i, s in enumerate(steps):
             self._validate(i, s)
-        order = sorted(range(len(steps)), key=lambda i: steps[i].num_new_tokens > 1)
+        order, groups = self._order(steps)
         packed = [steps[i] for i in order]
         input_ids: list[int] = []
         last: list[int] = []
@@ -88,7 +91,7 @@ class ModelRunner:
             input_ids.extend(s.token_ids)
             last.append(len(input_ids) - 1)
         positions, slots = self._positions_and_slots(packed)
-        meta = self._metadata(packed, slots)
+        meta = self._metadata(packed, slots, groups)
         dev = self.device
         logits = self.model(
             torch.tensor(input_ids, dtype=torch.long, device=dev), positions.to(dev),
@@ -116,6 +119,19 @@ class ModelRunner:
                 raise StepError(f"sequence {i}: block id {b} outside the pool "
                                 f"[0, {self.pool.num_blocks})")
 
+    def _order(self, steps: Sequence[SequenceStep]) -> tuple[list[int], list[int]]:
+        """Packed order: decodes in cascade groups (group by group), other decodes, prefills.
+        Also returns each group's size (their shared-block counts are found in metadata)."""
+        decodes = [i for i, s in enumerate(steps) if s.num_new_tokens == 1]
+        prefills = [i for i, s in enumerate(steps) if s.num_new_tokens > 1]
+        groups: list[list[int]] = []
+        if self.use_cascade and len(decodes) >= MIN_GROUP:
+            local = plan_groups([steps[i] for i in decodes], self.block_size)
+            groups = [[decodes[j] for j in g] for g in local]
+        grouped = {i for g in groups for i in g}
+        order = [i for g in groups for i in g] + [i for i in decodes if i not in grouped]
+        return order + prefills, [len(g) for g in groups]
+
     def _positions_and_slots(self, packed: list[SequenceStep]) -> tuple[torch.Tensor, ...]:
         """Absolute position and pool slot of every new token, in packed order (on the CPU)."""
         bs = self.block_size
@@ -128,16 +144,24 @@ class ModelRunner:
             slot_parts.append(table[pos // bs] * bs + pos % bs)
         return torch.cat(pos_parts), torch.cat(slot_parts)
 
-    def _metadata(self, packed: list[SequenceStep], slots: torch.Tensor) -> AttentionMetadata:
+    def _metadata(self, packed: list[SequenceStep], slots: torch.Tensor,
+                  group_sizes: list[int]) -> AttentionMetadata:
         dev, bs = self.device, self.block_size
         decodes = [s for s in packed if s.num_new_tokens == 1]
+        cascade, start = [], 0
+        for size in group_sizes:
+            members = decodes[start:start + size]
+            shared = shared_blocks(members, list(range(size)), bs)
+            cascade.append(build_group(members, start, shared, bs, dev))
+            start += size
+        plain = decodes[start:]
         tables = lens = None
-        if decodes:
-            width = max(-(-s.context_len // bs) for s in decodes)
+        if plain:
+            width = max(-(-s.context_len // bs) for s in plain)
             rows = [list(s.block_table[:width]) + [0] * (width - min(width, len(s.block_table)))
-                    for s in decodes]
+                    for s in plain]
             tables = torch.tensor(rows, dtype=torch.long, device=dev)
-            lens = torch.tensor([s.context_len for s in decodes], dtype=torch.long, device=dev)
+            lens = torch.tensor([s.context_len for s in plain], dtype=torch.long, device=dev)
         prefills, offset = [], len(decodes)
         for s in packed[len(decodes):]:
             need = -(-s.context_len // bs)
@@ -147,5 +171,5 @@ class ModelRunner:
         return AttentionMetadata(
             slot_mapping=slots.to(dev),
             num_decodes=len(decodes), decode_block_tables=tables, decode_context_lens=lens,
-            prefills=prefills, block_size=bs,
+            prefills=prefills, block_size=bs, cascade_groups=cascade, num_cascade=start,
         )

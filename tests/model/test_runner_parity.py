@@ -154,3 +154,36 @@ def test_bfloat16_decode_path_agrees_with_prefill(tiny_dir):
                               zip(tables, seqs, strict=True)])
     scale = full.abs().max().item()
     assert (decoded - full).abs().max().item() < 0.02 * scale
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cascade_decodes_over_shared_blocks_equal_each_alone(tiny_dir, dtype):
+    """Decodes that share cached blocks (two groups, as under two system prompts) attend to
+    the shared prefix together; each must equal the same decode run alone (plain path)."""
+    runner = make_runner(tiny_dir, dtype=dtype)
+    bs = runner.block_size
+    alloc = BlockAllocator(runner.num_blocks, seed=6)
+    steps = []
+    for g, n_shared in enumerate((5, 3)):
+        shared_ids = prompt(n_shared * bs, seed=400 + g)
+        shared_table = tuple(alloc.take(n_shared))
+        runner.forward([SequenceStep(shared_table, 0, tuple(shared_ids))])
+        for i in range(4 if g == 0 else 3):
+            own = prompt(3 + 7 * i, seed=500 + 10 * g + i)
+            total = len(shared_ids) + len(own) + 1
+            table = shared_table + tuple(alloc.take(blocks_for(total, bs) - n_shared))
+            runner.forward([SequenceStep(table, len(shared_ids), tuple(own))])
+            steps.append(SequenceStep(table, total - 1, (own[-1] + 1,)))
+    lone = prompt(20, seed=600)  # a decode sharing nothing, and a prefill, in the same step
+    lone_table = tuple(alloc.take(blocks_for(21, bs)))
+    runner.forward([SequenceStep(lone_table, 0, tuple(lone))])
+    steps.append(SequenceStep(lone_table, 20, (9,)))
+    fresh = prompt(30, seed=601)
+    steps.insert(3, SequenceStep(tuple(alloc.take(blocks_for(30, bs))), 0, tuple(fresh)))
+    _order, groups = runner._order(steps)
+    assert groups == [4, 3]  # the grouping really happens
+    mixed = runner.forward(steps)
+    tol = TOL if dtype == "float32" else 0.03 * mixed.abs().max().item()
+    for i, step in enumerate(steps):
+        alone = runner.forward([step])[0]
+        assert (mixed[i] - alone).abs().max().item() < tol, i

@@ -52,10 +52,11 @@ class EngineCore:
         """Register a validated request and queue its sequences."""
         for i in range(req.params.n):
             seq_id = req.request_id if req.params.n == 1 else f"{req.request_id}#{i}"
-            seed = None if req.params.seed is None else req.params.seed + i
+            state = None  # unseeded sequences draw from the sampler's shared stream
+            if req.params.seed is not None:
+                state = self.runner.new_sampler_state(req.params.seed, i)
             seq = Sequence(seq_id, req, i, list(req.prompt_ids), len(req.prompt_ids),
-                           self.output_text(req.prompt_ids, req.params.stop),
-                           self.runner.new_sampler_state(seed))
+                           self.output_text(req.prompt_ids, req.params.stop), state)
             req.sequences.append(seq)
             self.scheduler.add(seq)
         self.requests[req.request_id] = req
@@ -126,9 +127,13 @@ class EngineCore:
         p = seq.request.params
         banned: frozenset[int] = frozenset()
         if seq.num_output_tokens < p.min_tokens:
-            banned = self.eos_token_ids | frozenset(p.stop_token_ids)
-        return SampleRow(p, seq.tokens[:seq.num_prompt_tokens], seq.output_ids,
-                         seq.sampler_state, banned)
+            banned = frozenset(p.stop_token_ids)
+            if not p.ignore_eos:
+                banned |= self.eos_token_ids
+        prompt = seq.tokens[:seq.num_prompt_tokens] if p.repetition_penalty != 1.0 else ()
+        output = seq.output_ids if (p.repetition_penalty != 1.0 or p.frequency_penalty
+                                    or p.presence_penalty) else ()
+        return SampleRow(p, prompt, output, seq.sampler_state, banned)
 
     def _record_admission(self, seq: Sequence) -> None:
         ns = seq.request.namespace

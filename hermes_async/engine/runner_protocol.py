@@ -38,8 +38,9 @@ class StepRunner(Protocol):
     num_blocks: int
     max_model_len: int
 
-    def new_sampler_state(self, seed: int | None) -> Any:
-        """Per-sequence sampling state (its random generator); opaque to the engine."""
+    def new_sampler_state(self, seed: int, stream: int) -> Any:
+        """Sampling state of a seeded sequence (its random generator; ``stream`` tells the
+        ``n`` sequences of one request apart); opaque to the engine."""
         ...
 
     def execute(self, steps: Sequence[SequenceStep],

@@ -53,7 +53,7 @@ class FakeRunner:
         self.steps = 0
         self.failures = 0
 
-    def new_sampler_state(self, seed: int | None) -> None:
+    def new_sampler_state(self, seed: int, stream: int) -> None:
         return None
 
     def execute(self, steps: Sequence[SequenceStep],

@@ -1,0 +1,52 @@
+"""The engine's :class:`~hermes_async.engine.runner_protocol.StepRunner` over the model:
+one packed forward of :class:`ModelRunner`, then the batched :class:`Sampler` on the rows that
+asked for a token. Runs in the engine's worker thread; nothing here touches engine state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hermes_async.engine.runner_protocol import SampledToken, SampleRow
+from hermes_async.model.runner import ModelRunner
+from hermes_async.model.sampler import Sampler, SamplingRequest
+from hermes_async.types import SequenceStep
+
+
+class StepExecutor:
+    """Forward + sampling for the engine; exposes the pool's block size and count."""
+
+    def __init__(self, runner: ModelRunner, sampler: Sampler | None = None) -> None:
+        self.model_runner = runner
+        self.sampler = sampler or Sampler(device=runner.device)
+        self.block_size = runner.block_size
+        self.num_blocks = runner.num_blocks
+        self.max_model_len = runner.max_model_len
+
+    def new_sampler_state(self, seed: int, stream: int) -> Any:
+        return self.sampler.new_generator(seed, stream=stream)
+
+    @torch.inference_mode()
+    def execute(self, steps: Sequence[SequenceStep],
+                rows: Sequence[SampleRow | None]) -> list[SampledToken | None]:
+        logits = self.model_runner.forward(steps)
+        wanted = [i for i, r in enumerate(rows) if r is not None]
+        out: list[SampledToken | None] = [None] * len(rows)
+        if not wanted:
+            return out
+        requests = []
+        for i in wanted:
+            r = rows[i]
+            assert r is not None
+            requests.append(SamplingRequest(r.params, r.prompt_ids, r.output_ids,
+                                            r.sampler_state, r.banned_token_ids))
+        index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
+        result = self.sampler.sample(logits.index_select(0, index), requests)
+        for j, i in enumerate(wanted):
+            logprob = result.logprobs[j] if result.logprobs is not None else None
+            top = tuple(result.top_logprobs[j]) if result.top_logprobs is not None else ()
+            out[i] = SampledToken(result.token_ids[j], logprob, top)
+        return out

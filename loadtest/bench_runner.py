@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -119,6 +121,16 @@ def run_transformers(model_dir: Path, dtype: str, prompt_len: int, batches: list
     return out
 
 
+def worker(args: argparse.Namespace, kind: str, dtype: str):
+    cmd = [sys.executable, __file__, "--worker", kind, "--dtypes", dtype, "--model",
+           str(args.model), "--prompt-len", str(args.prompt_len), "--steps", str(args.steps),
+           "--repeat", str(args.repeat), "--device", args.device, "--batches",
+           *map(str, args.batches)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="HF dir (default: embedded model)")
@@ -129,18 +141,33 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--worker", choices=["hermes", "transformers", "roofline"],
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.model is None:
         from hermes_async.model.default_model import fetch_default_model
 
         args.model = fetch_default_model()
+    if args.worker:  # one measurement in a fresh process, printed as JSON
+        fn = {"hermes": run_hermes, "transformers": run_transformers,
+              "roofline": None}[args.worker]
+        dtype = args.dtypes[0]
+        if fn is None:
+            out = matmul_rate(DTYPES[dtype], args.device)
+        else:
+            out = fn(args.model, dtype, args.prompt_len, args.batches, args.steps, args.repeat,
+                     args.device)
+            out = out[0] if isinstance(out, tuple) else out
+        print("RESULT " + json.dumps(out))
+        return
     rows, record = [], {"torch_threads": torch.get_num_threads(), "results": []}
+    spec = read_spec(args.model)
     for dtype in args.dtypes:
-        peak = matmul_rate(DTYPES[dtype], args.device)
-        ours, spec = run_hermes(args.model, dtype, args.prompt_len, args.batches, args.steps,
-                                args.repeat, args.device)
-        ref = run_transformers(args.model, dtype, args.prompt_len, args.batches, args.steps,
-                               args.repeat, args.device)
+        # Each measurement in its own process: in one process, bfloat16 after float32 ran
+        # up to 30x slower (allocator / kernel state left behind), which no user would see.
+        peak = worker(args, "roofline", dtype)
+        ours = worker(args, "hermes", dtype)
+        ref = worker(args, "transformers", dtype)
         for key in ours:
             b = 1 if key == "prefill" else int(key.split("_b")[1])
             n_new = args.prompt_len if key == "prefill" else 1

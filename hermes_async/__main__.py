@@ -1,5 +1,6 @@
 """Command line: ``hermes-async`` / ``python -m hermes_async``.
 
+    hermes-async serve                  OpenAI-compatible HTTP server (prints its URL)
     hermes-async model fetch            convert the embedded default model once, print its dir
     hermes-async generate "question"    one-shot chat completion on the runner, streamed
     hermes-async render FILE.json       show the final prompt of a messages file
@@ -30,6 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
 
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server; prints its URL")
+    serve.add_argument("--model", default=None, help="HF directory (default: embedded model)")
+    serve.add_argument("--config", default=None, help="TOML config file (configs/*.toml)")
+    serve.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8000; 0: any)")
+    serve.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--api-key", default=None, help="require this key (tenant 'default')")
+    serve.add_argument("--log-level", default="info",
+                       choices=["debug", "info", "warning", "error"],
+                       help="debug logs each request's start_position (prefix-cache hit)")
+
     try:
         from hermes_async.cli_render import add_render_parser
     except ImportError:  # prompt assembly not installed in this build
@@ -49,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hermes_async.cli_generate import cmd_generate
 
         return cmd_generate(args)
+    if args.command == "serve":
+        from hermes_async.server.cli import cmd_serve
+
+        return cmd_serve(args)
     if args.command == "render":
         from hermes_async.cli_render import cmd_render
 

@@ -8,6 +8,7 @@ their defaults, unknown keys are an error (a typo must not silently fall back to
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,60 @@ class SchedulerConfig:
             raise ConfigError("scheduler.max_wait_s, max_waiting, max_waiting_tokens must be > 0")
 
 
+_TENANT_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP server (``hermes-async serve``); the engine itself ignores this section.
+
+    host / port: where to listen (port 0 picks a free port).
+    served_model_name: the ``model`` clients must send and ``/v1/models`` lists; ``None`` takes
+        the model directory's name (``SmolLM2-135M-Instruct`` for the embedded default).
+    api_keys: API key -> tenant name. Empty: no authentication, every request is tenant
+        ``default``. Otherwise every ``/v1/*`` and ``/tokenize`` request needs
+        ``Authorization: Bearer <key>``, and its tenant is its prefix-cache namespace.
+    max_body_bytes: largest request body; larger ones get 413.
+    keepalive_interval_s: an SSE comment (``: keep-alive``) is sent when a stream has been
+        silent this long.
+    request_timeout_s: longest a request may run before it is aborted; ``None``: no limit.
+    retry_after_s: the ``Retry-After`` header of 429 (queue full) and 503 (loading) answers.
+    shutdown_drain_s: on shutdown, in-flight requests get this long to finish before abort.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    api_keys: dict[str, str] = field(default_factory=dict, repr=False)  # secrets: no repr
+    max_body_bytes: int = 8 << 20
+    keepalive_interval_s: float = 15.0
+    request_timeout_s: float | None = None
+    retry_after_s: int = 1
+    shutdown_drain_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("server.port must be in [0, 65535]")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ConfigError("server.served_model_name must not be empty")
+        if not isinstance(self.api_keys, dict):
+            raise ConfigError("server.api_keys must be a table of key = \"tenant\"")
+        for key, tenant in self.api_keys.items():
+            if not isinstance(key, str) or not key.strip() or any(c.isspace() for c in key):
+                raise ConfigError("server.api_keys: keys must be non-empty, without spaces")
+            if not isinstance(tenant, str) or not _TENANT_RE.fullmatch(tenant):
+                raise ConfigError(f"server.api_keys: tenant {tenant!r} must be 1-64 of "
+                                  "A-Z a-z 0-9 _ . -")
+        if self.max_body_bytes < 1024:
+            raise ConfigError("server.max_body_bytes must be at least 1024")
+        if self.keepalive_interval_s <= 0 or self.shutdown_drain_s < 0:
+            raise ConfigError("server.keepalive_interval_s must be > 0, shutdown_drain_s >= 0")
+        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
+            raise ConfigError("server.request_timeout_s must be > 0 (or absent for no limit)")
+        if self.retry_after_s < 0:
+            raise ConfigError("server.retry_after_s must be >= 0")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything an engine needs; sections mirror ``configs/default.toml``."""
@@ -122,6 +177,7 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
 
     def replace(self, **sections: Any) -> EngineConfig:
         """Return a copy with whole sections or ``section.key`` overrides replaced.

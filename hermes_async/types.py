@@ -102,8 +102,13 @@ class SamplingParams:
 
 
 class InvalidParameter(ValueError):
-    """A request parameter is out of range; ``param`` names it (the server's 400 ``param``)."""
+    """A request parameter is out of range; ``param`` names it (the server's 400 ``param``).
 
-    def __init__(self, param: str, message: str) -> None:
+    ``code`` is an optional machine-readable reason (the OpenAI error object's ``code``), e.g.
+    ``context_length_exceeded``; ``None`` lets the server pick its generic code.
+    """
+
+    def __init__(self, param: str, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code

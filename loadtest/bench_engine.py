@@ -107,6 +107,34 @@ async def run_hermes(model_dir: Path, dtype: str, prompts, max_tokens: int) -> d
                 ttft_warm=ttft_warm, profile=dict(prof.seconds), steps=prof.steps)
 
 
+def python_overhead(model_dir: Path, dtype: str, batch: int, context: int) -> dict:
+    """One decode step of ``batch`` sequences under torch's profiler: wall time vs the time
+    inside aten ops; the difference is Python and dispatch overhead (reported per layer)."""
+    from torch.profiler import profile
+
+    from hermes_async.model.runner import ModelRunner
+    from hermes_async.types import SequenceStep
+
+    runner = ModelRunner(model_dir, ModelConfig(dtype=dtype, device="cpu"),
+                         CacheConfig(kv_cache_bytes=1 << 30))
+    bs = runner.block_size
+    per_seq = -(-(context + 2) // bs)
+    tables = [tuple(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
+    ids = tuple(range(100, 100 + context))
+    for t in tables:
+        runner.forward([SequenceStep(t, 0, ids)])
+    steps = [SequenceStep(t, context, (7,)) for t in tables]
+    runner.forward(steps)
+    with profile() as prof:
+        t0 = time.perf_counter()
+        runner.forward(steps)
+        wall = time.perf_counter() - t0
+    in_ops = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e6
+    layers = runner.spec.num_layers
+    return dict(wall_ms=wall * 1e3, ops_ms=in_ops * 1e3,
+                overhead_per_layer_us=(wall - in_ops) / layers * 1e6)
+
+
 def run_transformers_batch(model_dir: Path, dtype: str, prompts, max_tokens: int) -> dict:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -179,6 +207,13 @@ def main() -> None:
     for dtype, r in profiles.items():
         print(f"| {dtype} | {r['ttft_cold'] * 1e3:.0f} ms | {r['ttft_warm'] * 1e3:.0f} ms | "
               f"{r['ttft_warm'] / r['ttft_cold']:.3f} |")
+    print("\n| dtype | decode step (batch 8, 256-token context) | wall ms | in aten ops ms | "
+          "Python + dispatch overhead per layer |")
+    print("|---|---|---|---|---|")
+    for dtype in args.dtypes:
+        o = python_overhead(args.model, dtype, 8, 256)
+        print(f"| {dtype} | unshared contexts | {o['wall_ms']:.1f} | {o['ops_ms']:.1f} | "
+              f"{o['overhead_per_layer_us']:.0f} us |")
     print("\n| dtype | phase | total s | per step ms | share of wall |")
     print("|---|---|---|---|---|")
     for dtype, r in profiles.items():

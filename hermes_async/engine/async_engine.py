@@ -193,11 +193,12 @@ class AsyncEngine:
         max_len = core.runner.max_model_len
         if len(prompt_ids) >= max_len:
             raise InvalidParameter("messages", f"the prompt has {len(prompt_ids)} tokens; this "
-                                   f"model's context is {max_len} (context_length_exceeded)")
+                                   f"model's context is {max_len} tokens",
+                                   code="context_length_exceeded")
         if params.max_tokens is not None and len(prompt_ids) + params.max_tokens > max_len:
             raise InvalidParameter("max_tokens", f"prompt ({len(prompt_ids)} tokens) plus "
                                    f"max_tokens ({params.max_tokens}) exceeds the context of "
-                                   f"{max_len} tokens (context_length_exceeded)")
+                                   f"{max_len} tokens", code="context_length_exceeded")
         sched = core.scheduler
         cfg = self.config.scheduler
         if len(sched.waiting) >= cfg.max_waiting or \

@@ -46,6 +46,7 @@ class FakeRunner:
     max_model_len: int = 512
     fail_rate: float = 0.0
     seed: int = 0
+    fail_every: int = 0  # deterministic: fail steps fail_every//2, that + fail_every, ...
 
     def __post_init__(self) -> None:
         self.slots: dict[int, int] = {}
@@ -59,7 +60,8 @@ class FakeRunner:
     def execute(self, steps: Sequence[SequenceStep],
                 rows: Sequence[SampleRow | None]) -> list[SampledToken | None]:
         self.steps += 1
-        if self.fail_rate and self.rng.random() < self.fail_rate:
+        scheduled = self.fail_every and self.steps % self.fail_every == self.fail_every // 2
+        if scheduled or (self.fail_rate and self.rng.random() < self.fail_rate):
             self.failures += 1
             raise StepFailure("injected runner failure")
         bs = self.block_size

@@ -14,13 +14,13 @@ from tests.engine.fake_runner import FakeRunner, fake_output_text, reference_tok
 
 
 def make_engine(num_blocks=256, budget=64, max_seqs=16, fail_rate=0.0, prefix=True,
-                policy="fcfs", **sched) -> AsyncEngine:
+                policy="fcfs", fail_every=0, **sched) -> AsyncEngine:
     cfg = EngineConfig(
         cache=CacheConfig(block_size=4, enable_prefix_caching=prefix, fork_limit=8),
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
                                   policy=policy, **sched),
     )
-    runner = FakeRunner(num_blocks=num_blocks, fail_rate=fail_rate)
+    runner = FakeRunner(num_blocks=num_blocks, fail_rate=fail_rate, fail_every=fail_every)
     return AsyncEngine(cfg, runner=runner, tokenizer=object(), eos_token_ids=[2],
                        output_text=fake_output_text, background_interval_s=0.001)
 
@@ -154,7 +154,7 @@ async def test_limits_raise_typed_errors():
     async with engine:
         with pytest.raises(InvalidParameter) as e:
             engine.add_request(list(range(600)), greedy(1))
-        assert "context_length_exceeded" in str(e.value)
+        assert e.value.code == "context_length_exceeded"
         with pytest.raises(InvalidParameter) as e:
             engine.add_request(list(range(400)), greedy(200))
         assert e.value.param == "max_tokens"

@@ -1,0 +1,103 @@
+"""``hermes-async serve``: flags over the config file over defaults; uvloop when installed.
+
+Prints the URL as soon as it listens (``/health`` is 503 while the model loads), then a line
+when the model is ready. SIGINT/SIGTERM shut down gracefully: new requests get 503, in-flight
+ones get ``server.shutdown_drain_s`` to finish. Exit status 1 when the model fails to load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+from hermes_async import config as config_mod
+from hermes_async.config import EngineConfig
+
+
+def build_config(args: argparse.Namespace) -> EngineConfig:
+    """The effective config: ``--config`` file (or defaults), then the flags on top."""
+    cfg = config_mod.load(args.config) if args.config else EngineConfig()
+    model: dict[str, Any] = {}
+    if args.model:
+        model["path"] = args.model
+    if args.dtype:
+        model["dtype"] = args.dtype
+    server: dict[str, Any] = {}
+    if args.host is not None:
+        server["host"] = args.host
+    if args.port is not None:
+        server["port"] = args.port
+    if args.api_key:
+        from hermes_async.server.auth import DEFAULT_TENANT
+
+        server["api_keys"] = {**cfg.server.api_keys, args.api_key: DEFAULT_TENANT}
+    return cfg.replace(model=model, server=server)
+
+
+def run_event_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run ``main`` on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+async def serve(cfg: EngineConfig) -> int:
+    """Listen, load, serve until SIGINT/SIGTERM; returns the exit status."""
+    from hermes_async.server.app import create_app, start_site, wait_until_ready
+    from hermes_async.server.state import STATE
+
+    app = create_app(cfg)
+    runner, url = await start_site(app, cfg.server.host, cfg.server.port)
+    print(f"hermes-async: listening on {url} (loading the model...)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    status = 0
+    try:
+        ready = asyncio.ensure_future(wait_until_ready(app))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            if ready.exception() is not None:
+                print(f"hermes-async: the model failed to load: {ready.exception()}",
+                      file=sys.stderr, flush=True)
+                status = 1
+            else:
+                state = app[STATE]
+                print(f"hermes-async: ready: model {state.model_name!r} "
+                      f"(max_model_len {state.engine.max_model_len}); OpenAI base URL "
+                      f"{url}/v1", flush=True)
+                await stopped
+        ready.cancel()  # the engine's start itself goes on; cleanup waits for it
+        stopped.cancel()
+    finally:
+        print("hermes-async: shutting down", flush=True)
+        await runner.cleanup()
+    return status
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Entry point of ``hermes-async serve``."""
+    try:
+        cfg = build_config(args)
+    except config_mod.ConfigError as e:
+        print(f"hermes-async: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run_event_loop(serve(cfg))
+    except OSError as e:  # e.g. the address is in use
+        print(f"hermes-async: cannot listen on {cfg.server.host}:{cfg.server.port}: {e}",
+              file=sys.stderr)
+        return 1

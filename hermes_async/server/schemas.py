@@ -1,0 +1,162 @@
+"""Request bodies as msgspec structs, and their mapping to :class:`SamplingParams`.
+
+Unknown fields (OpenAI's ``user``, ``store``, ``metadata``, ``parallel_tool_calls``, ...) are
+accepted and ignored, so any OpenAI client works unchanged. Fields that would change what is
+generated but are not implemented (``logit_bias``, ``response_format`` other than ``text``,
+``suffix``, ``best_of`` other than ``n``) are refused with 400 rather than silently ignored.
+Decoding errors name the offending field (see :func:`hermes_async.server.errors.validation_error`).
+vLLM's extra sampling fields are accepted: ``top_k``, ``min_p``, ``repetition_penalty``,
+``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ``cache_salt``, ``add_special_tokens``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from msgspec import Meta
+
+from hermes_async.server.errors import APIError
+from hermes_async.types import SamplingParams
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+class StreamOptions(msgspec.Struct):
+    """``stream_options``: ``include_usage`` adds a last chunk with ``usage``."""
+
+    include_usage: bool = False
+
+
+class _SamplingFields(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    max_tokens: PositiveInt | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Meta(ge=0)] = 0
+    stop_token_ids: list[int] | None = None
+    cache_salt: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(_SamplingFields, kw_only=True):
+    """``POST /v1/chat/completions``. ``messages`` are validated by prompt assembly."""
+
+    messages: list[Any]
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+
+class CompletionRequest(_SamplingFields, kw_only=True):
+    """``POST /v1/completions``: ``prompt`` is a string, a list of strings, a list of token
+    ids or a list of token-id lists (several prompts -> choices ``k * n + i``)."""
+
+    prompt: str | list[Any]
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    add_special_tokens: bool = True
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """``POST /tokenize`` (vLLM's shape): ``prompt`` or ``messages``."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+def decode(body: bytes, type: type[T]) -> T:
+    """Decode a JSON body into ``type``; raises msgspec errors (mapped to 400 upstream)."""
+    return msgspec.json.decode(body, type=type)
+
+
+def unsupported(param: str, message: str) -> APIError:
+    """400 ``unsupported_parameter``."""
+    return APIError(400, message, param=param, code="unsupported_parameter")
+
+
+def completion_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
+    """The prompts of a completions request, each a string or a list of token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [list(prompt)]
+    if prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if prompt and all(isinstance(p, list) and p and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt):
+        return [list(p) for p in prompt]
+    raise APIError(400, "prompt must be a string, a list of strings, a list of token ids or a "
+                   "list of non-empty token-id lists", param="prompt", code="invalid_value")
+
+
+def sampling_params(req: _SamplingFields, *, max_tokens: int | None, logprobs: bool,
+                    top_logprobs: int) -> SamplingParams:
+    """Map a request's OpenAI/vLLM fields to validated :class:`SamplingParams` (their
+    ``InvalidParameter`` names the field and becomes a 400)."""
+    if req.logit_bias:
+        raise unsupported("logit_bias", "logit_bias is not supported")
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    kwargs: dict[str, Any] = {
+        "max_tokens": max_tokens, "n": req.n, "stop": stop, "seed": req.seed,
+        "ignore_eos": req.ignore_eos, "min_tokens": req.min_tokens,
+        "stop_token_ids": tuple(req.stop_token_ids or ()),
+        "logprobs": logprobs, "top_logprobs": top_logprobs,
+        "top_k": req.top_k if req.top_k is not None and req.top_k > 0 else None,  # vLLM: -1 off
+    }
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None:
+            kwargs[name] = float(value)
+    return SamplingParams(**kwargs)
+
+
+def chat_sampling_params(req: ChatCompletionRequest) -> SamplingParams:
+    """Chat: ``max_completion_tokens`` wins over ``max_tokens``; no limit by default (up to
+    the context); ``logprobs`` is a bool, ``top_logprobs`` a count."""
+    fmt = (req.response_format or {}).get("type", "text")
+    if fmt != "text":
+        raise unsupported("response_format", f"response_format {fmt!r} is not supported")
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    return sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
+                           top_logprobs=req.top_logprobs or 0)
+
+
+def completion_sampling_params(req: CompletionRequest) -> SamplingParams:
+    """Completions: ``max_tokens`` defaults to 16 (as OpenAI's); ``logprobs`` is a count."""
+    if req.suffix:
+        raise unsupported("suffix", "suffix is not supported")
+    if req.best_of is not None and req.best_of != req.n:
+        raise unsupported("best_of", "best_of other than n is not supported")
+    if req.echo and req.logprobs is not None:
+        raise unsupported("echo", "echo together with logprobs is not supported")
+    return sampling_params(req, max_tokens=16 if req.max_tokens is None else req.max_tokens,
+                           logprobs=req.logprobs is not None, top_logprobs=req.logprobs or 0)

@@ -16,6 +16,7 @@ import torch
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.attention import AttentionMetadata, PrefillChunk
 from hermes_async.model.cascade import MIN_GROUP, build_group, plan_groups, shared_blocks
+from hermes_async.model.host_memory import keep_freed_memory
 from hermes_async.model.kv_pool import KVPool, derive_block_size, plan_num_blocks
 from hermes_async.model.loader import DTYPES, load_model
 from hermes_async.types import SequenceStep
@@ -45,6 +46,8 @@ class ModelRunner:
         if self.model_config.num_threads:
             torch.set_num_threads(self.model_config.num_threads)
         self.device = resolve_device(self.model_config.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         if self.model_config.dtype == "float16" and self.device.type == "cpu":
             raise ValueError("float16 is supported on CUDA only; use bfloat16 on the CPU")
         self.dtype = DTYPES[self.model_config.dtype]

@@ -86,3 +86,11 @@ def test_missing_directory_is_named(tmp_path):
 )
 def test_block_size_rule(kv_heads, head_dim, expected):
     assert derive_block_size(kv_heads, head_dim) == expected
+
+
+def test_host_allocator_tuning_applies_on_linux():
+    import sys
+
+    from hermes_async.model.host_memory import keep_freed_memory
+
+    assert keep_freed_memory() is sys.platform.startswith("linux")

@@ -90,7 +90,7 @@ class EngineCore:
         for e in batch.entries:
             steps.append(SequenceStep(e.block_table, e.start_pos, e.token_ids))
             rows.append(self._sample_row(e.seq) if e.completes_prompt else None)
-        self._update_gauges()
+        self.update_gauges()
         return batch, steps, rows
 
     def finish_step(self, batch: ScheduledBatch, results: list[SampledToken | None],
@@ -104,7 +104,7 @@ class EngineCore:
         now = time.monotonic()
         for entry in self.scheduler.update_from_output(batch, tokens):
             self._on_token(entry.seq, by_entry[id(entry)], now)
-        self._update_gauges()
+        self.update_gauges()
 
     def fail_step(self, batch: ScheduledBatch, error: BaseException) -> None:
         """A forward raised: fail the requests of this step only; the loop goes on."""
@@ -200,7 +200,8 @@ class EngineCore:
             if not seq.is_finished:
                 self._finish(seq, FinishReason.ERROR, "", error=message)
 
-    def _update_gauges(self) -> None:
+    def update_gauges(self) -> None:
+        """Set the queue and KV-pool gauges from the current state (each step, each scrape)."""
         m, usage = self.metrics, self.cache.usage()
         m.requests_running.set(len(self.scheduler.running))
         m.requests_waiting.set(len(self.scheduler.waiting))

@@ -38,13 +38,7 @@ async def metrics(request: web.Request) -> web.Response:
     engine = request.app[STATE].engine
     m, core = engine.metrics, engine.core
     if core is not None:
-        usage = core.cache.usage()
-        m.requests_running.set(len(core.scheduler.running))
-        m.requests_waiting.set(len(core.scheduler.waiting))
-        m.kv_blocks_total.set(usage.total)
-        m.kv_blocks_free.set(usage.free)
-        m.kv_blocks_cached.set(usage.cached)
-        m.kv_blocks_pinned.set(usage.pinned)
+        core.update_gauges()
     return web.Response(body=m.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -23,9 +23,10 @@ import platform
 import random
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
+
+from timing import sample_seconds
 
 WORDS = [
     "the", "model", "cache", "prompt", "token", "request", "server", "latency", "memory",
@@ -63,14 +64,8 @@ def conversation(turns: int = 20, seed: int = 7) -> list[dict[str, Any]]:
 
 def _timed(fn: Callable[[], Any], repeats: int,
            setup: Callable[[], Any] | None = None) -> list[float]:
-    samples = []
-    for _ in range(repeats):
-        if setup is not None:
-            setup()
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - t0) / 1000)
-    return samples
+    """Microseconds of each call (``setup`` untimed before each)."""
+    return [t * 1e6 for t in sample_seconds(fn, repeats, setup=setup)]
 
 
 def _load_tokenizer(model: str | None) -> tuple[Any, str]:

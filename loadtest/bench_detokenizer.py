@@ -22,6 +22,8 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
+from timing import median_seconds
+
 from hermes_async.engine.detokenizer import IncrementalDetokenizer
 from hermes_async.engine.output_text import OutputText
 
@@ -40,19 +42,10 @@ PARAGRAPHS = [
 STOPS = ["</answer>", "\n\nUser:"]
 
 
+
 def timed(fn: Callable[[], object], repeats: int) -> float:
     """Median seconds of ``fn()`` over ``repeats`` runs, GC paused."""
-    samples = []
-    for _ in range(repeats):
-        gc.collect()
-        gc.disable()
-        try:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        finally:
-            gc.enable()
-    return statistics.median(samples)
+    return median_seconds(fn, repeats, pause_gc=True)
 
 
 def token_stream(tokenizer: Any, n: int) -> list[int]:

@@ -19,6 +19,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from timing import median_seconds
+
 from hermes_async.cache import PrefixTree
 
 VOCAB = 50_000
@@ -26,19 +28,10 @@ MATCH_TARGET_US = 1000.0  # 8k-token prompt
 EVICT_TARGET_US = 20.0  # one eviction at 100k cached blocks
 
 
+
 def timed(fn: Callable[[], object], repeats: int) -> float:
     """Median seconds of ``fn()`` over ``repeats`` runs, GC paused."""
-    samples = []
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-    finally:
-        gc.enable()
-    return statistics.median(samples)
+    return median_seconds(fn, repeats, pause_gc=True)
 
 
 def filled_tree(bs: int, num_blocks: int, rng: random.Random, chain: int = 64) -> PrefixTree:

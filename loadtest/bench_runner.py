@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from timing import median_seconds
 
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.runner import ModelRunner
@@ -35,15 +36,7 @@ def sync() -> None:
 
 def best_of(fn, repeat: int) -> float:
     """Median wall time of ``repeat`` calls after one warm-up (device work included)."""
-    fn()
-    sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_seconds(fn, repeat, warmup=1, sync=sync)
 
 
 def matmul_rate(dtype: torch.dtype, device: str, n: int = 2048, repeat: int = 5) -> float:

@@ -12,11 +12,10 @@ Prints a markdown table of the median wall time per call and per row.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from timing import median_seconds
 
 from hermes_async.model.logits_processors import draw_from_cdf
 from hermes_async.model.sampler import Sampler, SamplingRequest
@@ -36,15 +35,8 @@ SCENARIOS: dict[str, tuple[dict, bool]] = {  # name -> (params, seeded per row)
 
 
 def median_us(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else None
+    return median_seconds(fn, repeat, warmup=1, sync=sync) * 1e6
 
 
 TEXT = ("The history of the city begins in the early middle ages, when a small settlement grew "

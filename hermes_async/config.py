@@ -215,13 +215,18 @@ def from_dict(data: dict[str, Any]) -> EngineConfig:
     return EngineConfig(**built)
 
 
-def load(path: str | Path) -> EngineConfig:
-    """Read a TOML config file; unknown sections or keys raise :class:`ConfigError`."""
+def read_toml(path: str | Path, error: type[Exception] = ConfigError,
+              what: str = "config") -> dict[str, Any]:
+    """Parse a TOML file; a missing or malformed file raises ``error`` naming it."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
-        raise ConfigError(f"config file not found: {p}") from e
+        raise error(f"{what} file not found: {p}") from e
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
-    return from_dict(data)
+        raise error(f"{what} file {p} is not valid TOML: {e}") from e
+
+
+def load(path: str | Path) -> EngineConfig:
+    """Read a TOML config file; unknown sections or keys raise :class:`ConfigError`."""
+    return from_dict(read_toml(path))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 
 import jinja2
 
+from hermes_async.config import read_toml
 from hermes_async.prompt.errors import TemplateConfigError, TemplateRenderError
 from hermes_async.prompt.roles import CANONICAL_ROLES
 
@@ -210,12 +210,7 @@ def load_prompt_template(path: str | Path) -> PromptTemplate:
     """Read a seed-form :class:`PromptTemplate` from a TOML file with a ``[template]`` table
     (see ``configs/templates/chatml.toml``)."""
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise TemplateConfigError(f"template file not found: {p}") from e
-    except tomllib.TOMLDecodeError as e:
-        raise TemplateConfigError(f"template file {p} is not valid TOML: {e}") from e
+    data = read_toml(p, TemplateConfigError, "template")
     if set(data) != {"template"} or not isinstance(data["template"], Mapping):
         raise TemplateConfigError(f"{p}: expected exactly one [template] table")
     return PromptTemplate.from_dict(data["template"])

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from hermes_async import __version__
 from hermes_async.engine.async_engine import AsyncEngine
-from hermes_async.engine.request import RequestOutput, Usage
+from hermes_async.engine.request import RequestOutput
 from hermes_async.server.auth import namespace_for
 from hermes_async.server.errors import APIError, json_response
 from hermes_async.server.generation import EngineStream, collect, logprobs_of, usage_dict
@@ -26,7 +26,7 @@ from hermes_async.server.limits import Deadline, check_context, read_body
 from hermes_async.server.logprobs import TokenTexts, chat_logprobs
 from hermes_async.server.schemas import ChatCompletionRequest, chat_sampling_params, decode
 from hermes_async.server.state import STATE, TENANT
-from hermes_async.server.streaming import serve_stream
+from hermes_async.server.streaming import ChunkFormatter, serve_stream
 
 log = logging.getLogger("hermes_async.server")
 
@@ -52,39 +52,29 @@ async def assemble(engine: AsyncEngine, messages: list[Any], tools: list[Any] | 
     return prompt
 
 
-class ChatChunks:
-    """Chunk formatter of one streamed chat completion (see ``streaming.ChunkFormatter``)."""
+class ChatChunks(ChunkFormatter):
+    """Chunk formatter of one streamed chat completion."""
 
     def __init__(self, head: dict[str, Any], n: int, texts: TokenTexts | None,
                  include_usage: bool) -> None:
-        self.head, self.n, self.texts, self.include_usage = head, n, texts, include_usage
-
-    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
-        chunk = {**self.head, "choices": [choice]}
-        if self.include_usage:
-            chunk["usage"] = None
-        return chunk
+        super().__init__(head, include_usage)
+        self.n, self.texts = n, texts
 
     def prelude(self) -> list[dict[str, Any]]:
-        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None}) for i in range(self.n)]
+        return [self.chunk({"index": i, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None}) for i in range(self.n)]
 
     def on_output(self, prompt_index: int, out: RequestOutput) -> list[dict[str, Any]]:
         chunks = []
         entries = logprobs_of(out) if self.texts is not None else ()
         if out.text or entries:
             lp = chat_logprobs(entries, self.texts) if self.texts is not None else None
-            chunks.append(self._chunk({"index": out.index, "delta": {"content": out.text},
-                                       "logprobs": lp, "finish_reason": None}))
+            chunks.append(self.chunk({"index": out.index, "delta": {"content": out.text},
+                                      "logprobs": lp, "finish_reason": None}))
         if out.finish_reason is not None:
-            chunks.append(self._chunk({"index": out.index, "delta": {}, "logprobs": None,
-                                       "finish_reason": str(out.finish_reason)}))
+            chunks.append(self.chunk({"index": out.index, "delta": {}, "logprobs": None,
+                                      "finish_reason": str(out.finish_reason)}))
         return chunks
-
-    def epilogue(self, usage: Usage) -> list[dict[str, Any]]:
-        if not self.include_usage:
-            return []
-        return [{**self.head, "choices": [], "usage": usage_dict(usage)}]
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

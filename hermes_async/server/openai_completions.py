@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hermes_async.engine.request import RequestOutput, Usage
+from hermes_async.engine.request import RequestOutput
 from hermes_async.server.auth import namespace_for
 from hermes_async.server.errors import APIError, json_response
 from hermes_async.server.generation import EngineStream, collect, logprobs_of, usage_dict
@@ -29,7 +29,7 @@ from hermes_async.server.schemas import (
     decode,
 )
 from hermes_async.server.state import STATE, TENANT
-from hermes_async.server.streaming import serve_stream
+from hermes_async.server.streaming import ChunkFormatter, serve_stream
 
 log = logging.getLogger("hermes_async.server")
 
@@ -52,26 +52,23 @@ def encode_prompts(tokenizer: Any, prompts: list[str | list[int]],
     return out
 
 
-class CompletionChunks:
-    """Chunk formatter of one streamed completion (see ``streaming.ChunkFormatter``)."""
+class CompletionChunks(ChunkFormatter):
+    """Chunk formatter of one streamed completion."""
 
     def __init__(self, head: dict[str, Any], n: int, echo: list[str] | None,
                  texts: TokenTexts | None, include_usage: bool) -> None:
-        self.head, self.n, self.echo, self.include_usage = head, n, echo, include_usage
-        self.texts = texts
+        super().__init__(head, include_usage)
+        self.n, self.echo, self.texts = n, echo, texts
         self._logprobs: dict[int, CompletionLogprobs] = {}
 
-    def _chunk(self, index: int, text: str, logprobs: Any, finish: str | None) -> dict:
-        chunk = {**self.head, "choices": [{"index": index, "text": text, "logprobs": logprobs,
-                                           "finish_reason": finish}]}
-        if self.include_usage:
-            chunk["usage"] = None
-        return chunk
+    def _choice(self, index: int, text: str, logprobs: Any, finish: str | None) -> dict:
+        return self.chunk({"index": index, "text": text, "logprobs": logprobs,
+                           "finish_reason": finish})
 
     def prelude(self) -> list[dict[str, Any]]:
         if not self.echo:
             return []
-        return [self._chunk(k * self.n + i, text, None, None)
+        return [self._choice(k * self.n + i, text, None, None)
                 for k, text in enumerate(self.echo) for i in range(self.n)]
 
     def on_output(self, prompt_index: int, out: RequestOutput) -> list[dict[str, Any]]:
@@ -83,15 +80,10 @@ class CompletionChunks:
             if self.texts is not None:
                 fmt = self._logprobs.setdefault(index, CompletionLogprobs(self.texts))
                 lp = fmt.format(entries)
-            chunks.append(self._chunk(index, out.text, lp, None))
+            chunks.append(self._choice(index, out.text, lp, None))
         if out.finish_reason is not None:
-            chunks.append(self._chunk(index, "", None, str(out.finish_reason)))
+            chunks.append(self._choice(index, "", None, str(out.finish_reason)))
         return chunks
-
-    def epilogue(self, usage: Usage) -> list[dict[str, Any]]:
-        if not self.include_usage:
-            return []
-        return [{**self.head, "choices": [], "usage": usage_dict(usage)}]
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

@@ -10,33 +10,50 @@ the engine requests.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 
 from hermes_async.engine.request import RequestOutput, Usage
 from hermes_async.metrics import EngineMetrics
 from hermes_async.server.errors import to_api_error
-from hermes_async.server.generation import EngineStream, check_output
+from hermes_async.server.generation import EngineStream, check_output, usage_dict
 from hermes_async.server.sse import SSEWriter
 
 log = logging.getLogger("hermes_async.server")
 
 
-class ChunkFormatter(Protocol):
-    """Turns engine outputs into OpenAI chunk objects (chat or completions)."""
+class ChunkFormatter:
+    """Turns engine outputs into OpenAI chunk objects; chat and completions subclass it.
+
+    ``head`` holds the fields every chunk repeats (id, object, created, model). With
+    ``include_usage`` every chunk carries ``"usage": null`` and a last chunk the usage, as
+    OpenAI streams do.
+    """
+
+    def __init__(self, head: dict[str, Any], include_usage: bool) -> None:
+        self.head, self.include_usage = head, include_usage
+
+    def chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """One chunk holding ``choice``."""
+        out = {**self.head, "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        return out
 
     def prelude(self) -> list[dict[str, Any]]:
         """Chunks sent before any output (chat: the ``role`` deltas)."""
-        ...
+        return []
 
     def on_output(self, prompt_index: int, out: RequestOutput) -> list[dict[str, Any]]:
         """Chunks for one output (text delta, then a finish chunk when it finishes)."""
-        ...
+        raise NotImplementedError
 
     def epilogue(self, usage: Usage) -> list[dict[str, Any]]:
         """Chunks after the last output (the ``usage`` chunk when asked for)."""
-        ...
+        if not self.include_usage:
+            return []
+        return [{**self.head, "choices": [], "usage": usage_dict(usage)}]
 
 
 async def serve_stream(request: web.Request, stream: EngineStream, fmt: ChunkFormatter,

@@ -26,17 +26,18 @@ class Components:
 
 
 def eos_ids_of(model_dir: Path, tokenizer: Any) -> list[int]:
-    """EOS ids from ``generation_config.json`` (may be a list), else the tokenizer's."""
-    import json
+    """EOS ids from the generation config (an int or a list), else the tokenizer's."""
+    from transformers import GenerationConfig
 
-    ids: list[int] = []
-    gen = model_dir / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
-        ids = [eos] if isinstance(eos, int) else list(eos or [])
-    if not ids and getattr(tokenizer, "eos_token_id", None) is not None:
-        ids = [tokenizer.eos_token_id]
-    return ids
+    try:
+        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
+    except OSError:  # no generation_config.json
+        eos = None
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
 
 
 def build_components(config: EngineConfig) -> Components:

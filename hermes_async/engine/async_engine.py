@@ -97,11 +97,11 @@ class AsyncEngine:
             self._output_text = self._output_text or parts.output_text
         if self._output_text is None:
             self._output_text = output_text_factory(self.tokenizer)
-        eos = frozenset(self._eos if self._eos is not None else
-                        [getattr(self.tokenizer, "eos_token_id", None)] if self.tokenizer
-                        else [])
-        self.core = EngineCore(self.config, self.runner, frozenset(e for e in eos
-                                                                    if e is not None),
+        eos = self._eos
+        if eos is None:  # injected tokenizer without explicit ids: take the tokenizer's
+            eos = [getattr(self.tokenizer, "eos_token_id", None)]
+        self.core = EngineCore(self.config, self.runner,
+                               frozenset(e for e in eos if e is not None),
                                self._output_text, self.metrics)
         self._wake = asyncio.Event()
         self._accepting = True

@@ -130,7 +130,9 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             seq.num_computed = entry.start_pos + len(entry.token_ids)
-            self.cache.commit(seq.seq_id, seq.tokens[:seq.num_computed])
+            bs = self.cache.block_size
+            if seq.num_computed // bs > entry.start_pos // bs:  # a block filled up: cache it
+                self.cache.commit(seq.seq_id, seq.tokens[:seq.num_computed])
             if token is not None:
                 seq.tokens.append(token)
                 grown.append(entry)

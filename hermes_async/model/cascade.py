@@ -30,15 +30,17 @@ class CascadeGroup:
     suffix_lens: torch.Tensor  # [G] long: context tokens after the shared prefix
 
 
-def plan_groups(decodes: Sequence[SequenceStep], block_size: int) -> list[list[int]]:
-    """Indices of decodes grouped by a shared leading block, largest groups first; singletons
-    and groups whose common prefix is shorter than ``MIN_SHARED_BLOCKS`` are left out."""
+def plan_groups(decodes: Sequence[SequenceStep],
+                block_size: int) -> list[tuple[list[int], int]]:
+    """Decodes grouped by a shared leading block: (member indices, shared block count) per
+    group. Singletons and groups sharing fewer than ``MIN_SHARED_BLOCKS`` are left out."""
     by_first: dict[int, list[int]] = {}
     for i, s in enumerate(decodes):
         if (s.context_len - 1) // block_size >= MIN_SHARED_BLOCKS:
             by_first.setdefault(s.block_table[0], []).append(i)
-    groups = [g for g in by_first.values() if len(g) >= MIN_GROUP]
-    return [g for g in groups if shared_blocks(decodes, g, block_size) >= MIN_SHARED_BLOCKS]
+    groups = [(g, shared_blocks(decodes, g, block_size)) for g in by_first.values()
+              if len(g) >= MIN_GROUP]
+    return [(g, n) for g, n in groups if n >= MIN_SHARED_BLOCKS]
 
 
 def shared_blocks(decodes: Sequence[SequenceStep], group: list[int], block_size: int) -> int:

@@ -15,7 +15,7 @@ import torch
 
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.attention import AttentionMetadata, PrefillChunk
-from hermes_async.model.cascade import MIN_GROUP, build_group, plan_groups, shared_blocks
+from hermes_async.model.cascade import MIN_GROUP, build_group, plan_groups
 from hermes_async.model.host_memory import keep_freed_memory
 from hermes_async.model.kv_pool import KVPool, derive_block_size, plan_num_blocks
 from hermes_async.model.loader import DTYPES, load_model
@@ -122,25 +122,28 @@ class ModelRunner:
                 raise StepError(f"sequence {i}: block id {b} outside the pool "
                                 f"[0, {self.pool.num_blocks})")
 
-    def _order(self, steps: Sequence[SequenceStep]) -> tuple[list[int], list[int]]:
+    def _order(self, steps: Sequence[SequenceStep]) -> tuple[list[int], list[tuple[int, int]]]:
         """Packed order: decodes in cascade groups (group by group), other decodes, prefills.
-        Also returns each group's size (their shared-block counts are found in metadata)."""
+        Also returns (size, shared block count) of each group, in packed order."""
         decodes = [i for i, s in enumerate(steps) if s.num_new_tokens == 1]
         prefills = [i for i, s in enumerate(steps) if s.num_new_tokens > 1]
-        groups: list[list[int]] = []
+        groups: list[tuple[list[int], int]] = []
         if self.use_cascade and len(decodes) >= MIN_GROUP:
             local = plan_groups([steps[i] for i in decodes], self.block_size)
-            groups = [[decodes[j] for j in g] for g in local]
-        grouped = {i for g in groups for i in g}
-        order = [i for g in groups for i in g] + [i for i in decodes if i not in grouped]
-        return order + prefills, [len(g) for g in groups]
+            groups = [([decodes[j] for j in g], n) for g, n in local]
+        grouped = {i for g, _ in groups for i in g}
+        order = [i for g, _ in groups for i in g] + [i for i in decodes if i not in grouped]
+        return order + prefills, [(len(g), n) for g, n in groups]
 
     def _positions_and_slots(self, packed: list[SequenceStep]) -> tuple[torch.Tensor, ...]:
-        """Absolute position and pool slot of every new token, in packed order (on the CPU)."""
+        """Absolute position and pool slot of every new token, in packed order (on the CPU).
+        Decodes (one token each, packed first) in plain Python; prefill chunks vectorised."""
         bs = self.block_size
-        pos_parts: list[torch.Tensor] = []
-        slot_parts: list[torch.Tensor] = []
-        for s in packed:
+        decodes = [s for s in packed if s.num_new_tokens == 1]
+        pos_parts = [torch.tensor([s.start_pos for s in decodes], dtype=torch.long)]
+        slot_parts = [torch.tensor([s.block_table[s.start_pos // bs] * bs + s.start_pos % bs
+                                    for s in decodes], dtype=torch.long)]
+        for s in packed[len(decodes):]:
             pos = torch.arange(s.start_pos, s.context_len, dtype=torch.long)
             table = torch.tensor(s.block_table[: -(-s.context_len // bs)], dtype=torch.long)
             pos_parts.append(pos)
@@ -148,21 +151,20 @@ class ModelRunner:
         return torch.cat(pos_parts), torch.cat(slot_parts)
 
     def _metadata(self, packed: list[SequenceStep], slots: torch.Tensor,
-                  group_sizes: list[int]) -> AttentionMetadata:
+                  groups: list[tuple[int, int]]) -> AttentionMetadata:
         dev, bs = self.device, self.block_size
         decodes = [s for s in packed if s.num_new_tokens == 1]
         cascade, start = [], 0
-        for size in group_sizes:
-            members = decodes[start:start + size]
-            shared = shared_blocks(members, list(range(size)), bs)
-            cascade.append(build_group(members, start, shared, bs, dev))
+        for size, shared in groups:
+            cascade.append(build_group(decodes[start:start + size], start, shared, bs, dev))
             start += size
         plain = decodes[start:]
         tables = lens = None
         if plain:
-            width = max(-(-s.context_len // bs) for s in plain)
-            rows = [list(s.block_table[:width]) + [0] * (width - min(width, len(s.block_table)))
-                    for s in plain]
+            need = [-(-s.context_len // bs) for s in plain]
+            width = max(need)
+            rows = [list(s.block_table[:k]) + [0] * (width - k)
+                    for s, k in zip(plain, need, strict=True)]
             tables = torch.tensor(rows, dtype=torch.long, device=dev)
             lens = torch.tensor([s.context_len for s in plain], dtype=torch.long, device=dev)
         prefills, offset = [], len(decodes)

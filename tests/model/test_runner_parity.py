@@ -181,7 +181,7 @@ def test_cascade_decodes_over_shared_blocks_equal_each_alone(tiny_dir, dtype):
     fresh = prompt(30, seed=601)
     steps.insert(3, SequenceStep(tuple(alloc.take(blocks_for(30, bs))), 0, tuple(fresh)))
     _order, groups = runner._order(steps)
-    assert groups == [4, 3]  # the grouping really happens
+    assert groups == [(4, 5), (3, 3)]  # grouped, sharing 5 and 3 blocks
     mixed = runner.forward(steps)
     tol = TOL if dtype == "float32" else 0.03 * mixed.abs().max().item()
     for i, step in enumerate(steps):

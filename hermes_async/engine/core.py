@@ -172,12 +172,11 @@ class EngineCore:
         logprobs: tuple[TokenLogprob, ...] = ()
         if p.logprobs and sampled.logprob is not None:
             logprobs = (TokenLogprob(token, sampled.logprob, sampled.top_logprobs),)
-        if reason is None:
-            if text or emitted_ids:
-                req.queue.put_nowait(RequestOutput(req.request_id, seq.index, text,
-                                                   emitted_ids, logprobs=logprobs))
-            return
-        self._finish(seq, reason, text, emitted_ids, logprobs)
+        if reason is None:  # every new token is streamed, even when its text is held back
+            req.queue.put_nowait(RequestOutput(req.request_id, seq.index, text, emitted_ids,
+                                               logprobs=logprobs))
+        else:
+            self._finish(seq, reason, text, emitted_ids, logprobs)
 
     def _finish(self, seq: Sequence, reason: FinishReason, text: str,
                 token_ids: tuple[int, ...] = (), logprobs: tuple[TokenLogprob, ...] = (),

@@ -60,6 +60,11 @@ class CacheConfig:
     fork_limit: most children one tree node keeps; past it the least recently used unpinned
         child subtree is pruned. ``None`` means no limit.
     enable_prefix_caching: turn the prefix tree off to measure what it buys.
+    max_pinned_fraction: most of the pool that operator pins (``POST /cache/warm`` with
+        ``pin_ttl_s``) may hold; a pin past it is refused.
+    warm: prompts to prefill into the tree at start-up (e.g. after a template upgrade), each a
+        table with exactly one of ``prompt`` (raw text) or ``messages`` (chat, rendered with the
+        model's template), and optional ``namespace`` (default ``default``) and ``pin_ttl_s``.
     """
 
     block_size: int | None = None
@@ -69,8 +74,17 @@ class CacheConfig:
     low_watermark: float = 0.75
     fork_limit: int | None = 64
     enable_prefix_caching: bool = True
+    max_pinned_fraction: float = 0.5
+    warm: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.max_pinned_fraction <= 1.0:
+            raise ConfigError("cache.max_pinned_fraction must be in [0, 1]")
+        if not isinstance(self.warm, (list, tuple)):
+            raise ConfigError("cache.warm must be an array of tables ([[cache.warm]])")
+        object.__setattr__(self, "warm", tuple(self.warm))
+        for i, item in enumerate(self.warm):
+            _check_warm_entry(item, f"cache.warm[{i}]")
         if self.block_size is not None and (self.block_size < 1 or self.block_size > 4096):
             raise ConfigError("cache.block_size must be between 1 and 4096")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
@@ -116,6 +130,23 @@ class SchedulerConfig:
             raise ConfigError("scheduler.max_wait_s, max_waiting, max_waiting_tokens must be > 0")
 
 
+def _check_warm_entry(item: Any, where: str) -> None:
+    if not isinstance(item, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = sorted(set(item) - {"prompt", "messages", "namespace", "pin_ttl_s"})
+    if unknown:
+        raise ConfigError(f"unknown key(s) in {where}: {', '.join(unknown)}")
+    if ("prompt" in item) == ("messages" in item):
+        raise ConfigError(f"{where} needs exactly one of prompt or messages")
+    if "prompt" in item and not (isinstance(item["prompt"], str) and item["prompt"]):
+        raise ConfigError(f"{where}.prompt must be a non-empty string")
+    if "messages" in item and not (isinstance(item["messages"], list) and item["messages"]):
+        raise ConfigError(f"{where}.messages must be a non-empty array of tables")
+    ttl = item.get("pin_ttl_s")
+    if ttl is not None and (not isinstance(ttl, (int, float)) or ttl <= 0):
+        raise ConfigError(f"{where}.pin_ttl_s must be a positive number")
+
+
 _TENANT_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -135,6 +166,9 @@ class ServerConfig:
     request_timeout_s: longest a request may run before it is aborted; ``None``: no limit.
     retry_after_s: the ``Retry-After`` header of 429 (queue full) and 503 (loading) answers.
     shutdown_drain_s: on shutdown, in-flight requests get this long to finish before abort.
+    admin_key: key of the cache admin endpoints (``/cache/*``) over every namespace. With
+        ``api_keys`` set, a tenant's key sees and manages only its own namespace there, and
+        without ``admin_key`` nobody sees all of them. Without keys they are open.
     """
 
     host: str = "127.0.0.1"
@@ -146,8 +180,12 @@ class ServerConfig:
     request_timeout_s: float | None = None
     retry_after_s: int = 1
     shutdown_drain_s: float = 10.0
+    admin_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.admin_key is not None and (not self.admin_key.strip()
+                                           or any(c.isspace() for c in self.admin_key)):
+            raise ConfigError("server.admin_key must be non-empty, without spaces")
         if not 0 <= self.port <= 65535:
             raise ConfigError("server.port must be in [0, 65535]")
         if self.served_model_name is not None and not self.served_model_name.strip():

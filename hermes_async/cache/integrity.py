@@ -7,7 +7,7 @@ tree and pool: for tests, debugging and an optional periodic audit, not for ever
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from hermes_async.cache.errors import IntegrityError
@@ -93,8 +93,10 @@ def check_tree(tree: TreeStore) -> None:
         _fail("fork-limit index != nodes with more children than the fork limit")
 
 
-def check_manager(pool: BlockPool, tree: TreeStore, requests: Mapping[str, RequestState]) -> None:
-    """Every block is in exactly one of free list / tree / one request; pins match requests."""
+def check_manager(pool: BlockPool, tree: TreeStore, requests: Mapping[str, RequestState],
+                  pinned_nodes: Iterable[TreeNode] = ()) -> None:
+    """Every block is in exactly one of free list / tree / one request; each node's ref count
+    equals the requests plus operator pins (``pinned_nodes``: their deepest nodes) holding it."""
     pool.check_integrity()
     check_tree(tree)
     total = pool.num_blocks
@@ -127,10 +129,18 @@ def check_manager(pool: BlockPool, tree: TreeStore, requests: Mapping[str, Reque
             if where is not None:
                 _fail(f"block {b}, private to request {rid!r}, is also {where}")
             owner[b] = rid
+    for last in pinned_nodes:
+        if not last.live:
+            _fail(f"operator pin on {last!r}, which left the tree")
+        node = last
+        while node is not None and not node.is_root:
+            pins[node.node_id] += 1
+            node = node.parent
     if len(free) + len(in_tree) + len(owner) != total:
         lost = sorted(set(range(total)) - free - in_tree - set(owner))
         _fail(f"free {len(free)} + tree {len(in_tree)} + private {len(owner)} != pool {total}; "
               f"unaccounted blocks {lost[:10]}")
     for node in tree.iter_nodes():
         if node.ref_count != pins[node.node_id]:
-            _fail(f"{node!r}: ref_count {node.ref_count} but {pins[node.node_id]} requests pin it")
+            _fail(f"{node!r}: ref_count {node.ref_count} but {pins[node.node_id]} requests pin "
+                  "it (requests plus operator pins)")

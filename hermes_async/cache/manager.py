@@ -14,19 +14,31 @@ Per request, on the event loop that owns the cache (no locks; nothing here await
 
 ``block_table(rid)`` is the runner's block table: tree blocks of the matched and committed path,
 then private blocks, in token order. Between steps a background task calls
-``evict_to_low_watermark()`` and ``prune_forks()``.
+``evict_to_low_watermark()``, ``prune_forks()`` and ``expire_pins()``.
+
+Operator pins (``pin_request``/``pin_prefix``) hold a cached prefix like a running request would,
+for ``ttl_s`` seconds of ``wall_clock`` that restart whenever a request's match covers the whole
+pinned prefix; at most ``max_pinned_blocks`` distinct blocks are held by pins.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 
 from hermes_async.cache.block_pool import BlockPool
 from hermes_async.cache.errors import CacheError
 from hermes_async.cache.integrity import check_manager
+from hermes_async.cache.pins import Pin, PinTable
 from hermes_async.cache.prefix_tree import PrefixTree
-from hermes_async.cache.structs import Admission, CacheStats, CacheUsage, RequestState
+from hermes_async.cache.structs import (
+    Admission,
+    CacheStats,
+    CacheUsage,
+    RequestState,
+    TreeNode,
+)
 from hermes_async.config import CacheConfig
 
 
@@ -40,7 +52,9 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, *, high_watermark: float = 0.90,
                  low_watermark: float = 0.75, fork_limit: int | None = 64,
                  enable_prefix_caching: bool = True,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None,
+                 max_pinned_blocks: int | None = None,
+                 wall_clock: Callable[[], float] = time.monotonic) -> None:
         if not 0.0 < low_watermark <= high_watermark <= 1.0:
             raise ValueError("watermarks need 0 < low_watermark <= high_watermark <= 1")
         self.pool = BlockPool(num_blocks)
@@ -51,6 +65,8 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self._requests: dict[str, RequestState] = {}
         self._allocation_failures = 0
+        self.pins = PinTable(num_blocks // 2 if max_pinned_blocks is None else max_pinned_blocks)
+        self._wall_clock = wall_clock
 
     @classmethod
     def from_config(cls, config: CacheConfig, num_blocks: int, block_size: int | None = None,
@@ -61,7 +77,8 @@ class KVCacheManager:
             raise ValueError("block_size is neither configured nor given (derive it first)")
         return cls(num_blocks, size, high_watermark=config.high_watermark,
                    low_watermark=config.low_watermark, fork_limit=config.fork_limit,
-                   enable_prefix_caching=config.enable_prefix_caching, clock=clock)
+                   enable_prefix_caching=config.enable_prefix_caching, clock=clock,
+                   max_pinned_blocks=math.floor(config.max_pinned_fraction * num_blocks))
 
     # ----- per request ------------------------------------------------------------------------
     def probe(self, namespace: str, token_ids: Sequence[int]) -> int:
@@ -101,6 +118,7 @@ class KVCacheManager:
             self.tree.touch(m)
             if path:
                 self.tree.lock(path[-1])
+                self.pins.refresh_on_hit(path, self._wall_clock())
         blocks = self._allocate(need)
         state = RequestState(request_id, namespace, matched, [nd.block_id for nd in path] + blocks,
                              len(path), path[-1] if path else None)  # type: ignore[arg-type]
@@ -178,6 +196,61 @@ class KVCacheManager:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._requests
 
+    # ----- operator pins ---------------------------------------------------------------------
+    def pin_request(self, request_id: str, ttl_s: float) -> Pin | None:
+        """Pin the cached path of a running request (before its release) for ``ttl_s``.
+
+        Returns the pin (an existing pin of the same path gets its deadline restarted), or
+        None when the request has nothing cached. Raises
+        :class:`~hermes_async.cache.pins.PinLimitError` past the cap, changing nothing.
+        """
+        st = self._state(request_id)
+        if st.last_node is None:
+            return None
+        return self._pin(st.namespace, st.last_node, st.num_cached_blocks, ttl_s)
+
+    def pin_prefix(self, namespace: str, token_ids: Sequence[int], ttl_s: float) -> Pin | None:
+        """Pin the longest cached prefix of ``token_ids`` (as a request would match it)."""
+        if not self.enable_prefix_caching:
+            return None
+        m = self.tree.match(namespace, token_ids, touch=False)
+        if not m.path:
+            return None
+        return self._pin(namespace, m.path[-1], len(m.path), ttl_s)
+
+    def unpin(self, pin: Pin) -> None:
+        """Drop a pin now; its blocks stay cached (evictable once nothing else pins them)."""
+        self.pins.remove(pin)
+        self.tree.unlock(pin.node)
+
+    def expire_pins(self) -> int:
+        """The background pass over pins: drop those past their deadline; returns how many."""
+        expired = self.pins.expired(self._wall_clock())
+        for pin in expired:
+            self.unpin(pin)
+        return len(expired)
+
+    def pins_of(self, namespace: str | None = None) -> list[Pin]:
+        """The pins of one namespace (or all)."""
+        return self.pins.in_namespace(namespace)
+
+    def now(self) -> float:
+        """The clock pins' deadlines are in."""
+        return self._wall_clock()
+
+    def _pin(self, namespace: str, node: TreeNode, num_blocks: int, ttl_s: float) -> Pin:
+        if ttl_s <= 0:
+            raise ValueError(f"pin ttl_s must be positive, not {ttl_s}")
+        now = self._wall_clock()
+        pin = self.pins.get(node)
+        if pin is not None:
+            pin.ttl_s, pin.expires_at = ttl_s, now + ttl_s
+            return pin
+        pin = Pin(namespace, node, num_blocks, ttl_s, now + ttl_s)
+        self.pins.add(pin)
+        self.tree.lock(node)
+        return pin
+
     # ----- background work, figures, maintenance ----------------------------------------------
     def usage(self) -> CacheUsage:
         free, in_tree, pinned = self.pool.num_free, self.tree.num_nodes, self.tree.num_pinned
@@ -212,14 +285,22 @@ class KVCacheManager:
         return CacheStats(self.usage(), self.tree.stats(), self._allocation_failures)
 
     def reset(self, namespace: str | None = None) -> int:
-        """Drop the cached blocks of one namespace (or all); refuses while any is pinned."""
+        """Drop the cached blocks and the operator pins of one namespace (or all); refuses,
+        changing nothing, while a running request pins blocks there."""
+        busy = sorted({st.namespace for st in self._requests.values()
+                       if st.last_node is not None
+                       and (namespace is None or st.namespace == namespace)})
+        if busy:
+            raise CacheError(f"reset refused while requests have pinned blocks in {busy}")
+        for pin in self.pins.in_namespace(namespace):
+            self.unpin(pin)
         freed = self.tree.reset(namespace)
         self.pool.free(freed)
         return len(freed)
 
     def check_integrity(self) -> None:
         """Raise :class:`IntegrityError` unless pool, tree and requests agree (full walk)."""
-        check_manager(self.pool, self.tree, self._requests)
+        check_manager(self.pool, self.tree, self._requests, [p.node for p in self.pins])
 
     def _state(self, request_id: str) -> RequestState:
         st = self._requests.get(request_id)

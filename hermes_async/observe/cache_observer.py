@@ -1,0 +1,191 @@
+"""The figures behind ``GET /cache/stats``: hit rates since start and over the last minute,
+matched lengths, tree shape, pins and the dynamic-field detector's divergence points.
+
+The engine calls :meth:`CacheObserver.on_admission` once per request admission (the prefix
+cache's matched length) and the server calls :meth:`on_assembly` per chat prompt assembly;
+:meth:`snapshot` reads the KV cache manager for the rest. Everything runs on the engine's loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hermes_async.cache.manager import KVCacheManager
+from hermes_async.cache.prefix_tree import PrefixTree
+from hermes_async.observe.divergence import DivergenceDetector
+from hermes_async.observe.window import RollingSums
+
+PREFIX_KEYS = ("queries", "query_tokens", "hit_tokens")
+ASSEMBLY_KEYS = ("queries", "hits", "partial")
+
+
+@dataclass
+class _NamespaceFigures:
+    """Counters of one namespace: since start, and over the window."""
+
+    prefix: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PREFIX_KEYS, 0.0))
+    assembly: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(ASSEMBLY_KEYS, 0.0))
+    prefix_window: RollingSums = field(default_factory=RollingSums)
+    assembly_window: RollingSums = field(default_factory=RollingSums)
+
+
+class CacheObserver:
+    """Per-namespace cache figures and the divergence detector of one engine."""
+
+    def __init__(self, block_size: int, decode: Callable[[Sequence[int]], str], *,
+                 window_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 detector: DivergenceDetector | None = None) -> None:
+        self.block_size = block_size
+        self.window_s = window_s
+        self._clock = clock
+        self.detector = detector or DivergenceDetector(block_size, decode, clock=clock)
+        self._figures: dict[str, _NamespaceFigures] = {}
+
+    # ----- events -----------------------------------------------------------------------------
+    def on_admission(self, namespace: str, prompt_ids: Sequence[int], matched_len: int) -> None:
+        """A request's first admission: ``matched_len`` of its prompt came from the cache."""
+        f = self._for(namespace)
+        values = {"queries": 1.0, "query_tokens": float(len(prompt_ids)),
+                  "hit_tokens": float(matched_len)}
+        _add(f.prefix, values)
+        f.prefix_window.add(**values)
+        self.detector.observe(namespace, prompt_ids, matched_len)
+
+    def on_assembly(self, namespace: str, outcome: str) -> None:
+        """A chat prompt assembly with its cache outcome (``hit``, ``partial`` or ``miss``)."""
+        f = self._for(namespace)
+        values = {"queries": 1.0, "hits": float(outcome == "hit"),
+                  "partial": float(outcome == "partial")}
+        _add(f.assembly, values)
+        f.assembly_window.add(**values)
+
+    def namespaces(self) -> list[str]:
+        return sorted(self._figures)
+
+    # ----- the /cache/stats document ----------------------------------------------------------
+    def snapshot(self, cache: KVCacheManager, *, running: int, waiting: int,
+                 namespaces: Iterable[str] | None = None, top: int = 10) -> dict[str, Any]:
+        """The ``/cache/stats`` JSON for ``namespaces`` (default: every one seen)."""
+        tree_stats = cache.tree.stats()
+        names = sorted(set(self._figures) | set(tree_stats)) if namespaces is None \
+            else sorted(set(namespaces))
+        usage = cache.usage()
+        now = cache.now()
+        per_ns: dict[str, Any] = {}
+        tot_prefix, tot_prefix_w = dict.fromkeys(PREFIX_KEYS, 0.0), dict.fromkeys(PREFIX_KEYS, 0.0)
+        tot_asm, tot_asm_w = dict.fromkeys(ASSEMBLY_KEYS, 0.0), dict.fromkeys(ASSEMBLY_KEYS, 0.0)
+        for ns in names:
+            f = self._figures.get(ns) or _NamespaceFigures()
+            prefix_w, asm_w = f.prefix_window.sums(), f.assembly_window.sums()
+            for total, part in ((tot_prefix, f.prefix), (tot_prefix_w, prefix_w),
+                                (tot_asm, f.assembly), (tot_asm_w, asm_w)):
+                _add(total, part)
+            st = tree_stats.get(ns)
+            div = self.detector.report(ns, top)
+            per_ns[ns] = {
+                "blocks": {"cached": (st.blocks - st.pinned_blocks) if st else 0,
+                           "pinned": st.pinned_blocks if st else 0},
+                **tree_shape(cache.tree, ns),
+                "prefix": prefix_figures(f.prefix, prefix_w),
+                "assembly": assembly_figures(f.assembly, asm_w),
+                "evicted_blocks": st.evicted_blocks if st else 0,
+                "pruned_blocks": st.pruned_blocks if st else 0,
+                "pruned_subtrees": st.pruned_subtrees if st else 0,
+                "pins": [p.to_dict(now, cache.block_size) for p in cache.pins_of(ns)],
+                "short_prompts": div.short_prompts,
+                "prompts_seen": div.prompts_seen,
+                "prefill_tokens": div.prefill_tokens,
+                "divergences": [self._point_dict(p.to_dict()) for p in div.points],
+            }
+        return {
+            "time": time.time(),
+            "block_size": cache.block_size,
+            "window_s": self.window_s,
+            "engine": {"running": running, "waiting": waiting},
+            "blocks": {"total": usage.total, "free": usage.free, "cached": usage.cached,
+                       "pinned": usage.pinned, "private": usage.private,
+                       "used_fraction": round(usage.used_fraction, 4)},
+            "totals": {"prefix": prefix_figures(tot_prefix, tot_prefix_w),
+                       "assembly": assembly_figures(tot_asm, tot_asm_w)},
+            "namespaces": per_ns,
+        }
+
+    def _point_dict(self, point: dict[str, Any]) -> dict[str, Any]:
+        """A divergence point with ``last_seen`` as Unix time and ``last_seen_ago_s``."""
+        ago = max(0.0, self._clock() - point["last_seen"])
+        return {**point, "last_seen": round(time.time() - ago, 3),
+                "last_seen_ago_s": round(ago, 3)}
+
+    def forget(self, namespace: str) -> None:
+        """Drop a namespace's figures and divergence sample (after ``/cache/reset``)."""
+        self._figures.pop(namespace, None)
+        self.detector.forget(namespace)
+
+    def _for(self, namespace: str) -> _NamespaceFigures:
+        f = self._figures.get(namespace)
+        if f is None:
+            f = self._figures[namespace] = _NamespaceFigures(
+                prefix_window=RollingSums(self.window_s, self._clock),
+                assembly_window=RollingSums(self.window_s, self._clock))
+        return f
+
+
+def prefix_figures(total: dict[str, float], window: dict[str, float]) -> dict[str, Any]:
+    """Prefix-cache hit rates (token-weighted) and mean matched lengths; None without data."""
+    def rate(d: dict[str, float]) -> float | None:
+        q = d.get("query_tokens", 0.0)
+        return round(d.get("hit_tokens", 0.0) / q, 4) if q else None
+
+    def mean(d: dict[str, float]) -> float | None:
+        n = d.get("queries", 0.0)
+        return round(d.get("hit_tokens", 0.0) / n, 1) if n else None
+
+    return {"hit_rate_1m": rate(window), "hit_rate": rate(total),
+            "queries_1m": int(window.get("queries", 0)), "queries": int(total["queries"]),
+            "query_tokens": int(total["query_tokens"]), "hit_tokens": int(total["hit_tokens"]),
+            "mean_matched_len_1m": mean(window), "mean_matched_len": mean(total)}
+
+
+def assembly_figures(total: dict[str, float], window: dict[str, float]) -> dict[str, Any]:
+    """Assembly-cache whole-hit and partial-hit rates per assembly; None without data."""
+    def share(d: dict[str, float], key: str) -> float | None:
+        n = d.get("queries", 0.0)
+        return round(d.get(key, 0.0) / n, 4) if n else None
+
+    return {"hit_rate_1m": share(window, "hits"), "hit_rate": share(total, "hits"),
+            "partial_rate_1m": share(window, "partial"), "partial_rate": share(total, "partial"),
+            "queries_1m": int(window.get("queries", 0)), "queries": int(total["queries"])}
+
+
+def tree_shape(tree: PrefixTree, namespace: str) -> dict[str, Any]:
+    """Nodes, depth (blocks) and fan-out (children per inner node) of one namespace's tree.
+
+    A full walk: O(nodes of the namespace).
+    """
+    root = tree.roots().get(namespace)
+    if root is None:
+        return {"nodes": 0, "tree_depth": 0, "max_fanout": 0, "mean_fanout": 0.0,
+                "root_children": 0}
+    nodes = depth = max_fan = inner = children = 0
+    stack = [(child, 1) for child in root.children.values()]
+    while stack:
+        node, d = stack.pop()
+        nodes += 1
+        depth = max(depth, d)
+        if node.children:
+            inner += 1
+            children += len(node.children)
+            max_fan = max(max_fan, len(node.children))
+            stack.extend((c, d + 1) for c in node.children.values())
+    return {"nodes": nodes, "tree_depth": depth, "max_fanout": max_fan,
+            "mean_fanout": round(children / inner, 3) if inner else 0.0,
+            "root_children": len(root.children)}
+
+
+def _add(total: dict[str, float], part: dict[str, float]) -> None:
+    for k, v in part.items():
+        total[k] = total.get(k, 0.0) + v

@@ -4,6 +4,7 @@
     hermes-async model fetch            convert the embedded default model once, print its dir
     hermes-async generate "question"    one-shot chat completion on the runner, streamed
     hermes-async render FILE.json       show the final prompt of a messages file
+    hermes-async doctor FILE.jsonl      diagnose prefix-cache reuse of captured requests
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_render_parser(sub)
+    try:
+        from hermes_async.observe.doctor_cli import add_doctor_parser
+    except ImportError:  # observability not installed in this build
+        pass
+    else:
+        add_doctor_parser(sub)
     return parser
 
 
@@ -69,6 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hermes_async.cli_render import cmd_render
 
         return cmd_render(args)
+    if args.command == "doctor":
+        from hermes_async.observe.doctor_cli import cmd_doctor
+
+        return cmd_doctor(args)
     return 2
 
 

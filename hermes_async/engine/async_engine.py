@@ -19,7 +19,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from hermes_async.config import EngineConfig
 from hermes_async.engine.core import EngineCore, OutputTextFactory
@@ -27,6 +28,9 @@ from hermes_async.engine.request import EngineRequest, RequestOutput
 from hermes_async.engine.runner_protocol import StepRunner
 from hermes_async.metrics import EngineMetrics
 from hermes_async.types import InvalidParameter, SamplingParams
+
+if TYPE_CHECKING:
+    from hermes_async.observe.cache_observer import CacheObserver
 
 log = logging.getLogger("hermes_async.engine")
 
@@ -43,12 +47,34 @@ def output_text_factory(tokenizer: Any) -> OutputTextFactory:
     return make
 
 
+def report_decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
+    """Token ids -> text for reports (special tokens shown); ids as text without a decoder."""
+    decode = getattr(tokenizer, "decode", None)
+    if decode is None:
+        return lambda ids: " ".join(map(str, ids))
+    return lambda ids: decode(list(ids), skip_special_tokens=False)
+
+
 class EngineError(RuntimeError):
     """The engine is not running, or is shutting down (the server's 503)."""
 
 
 class QueueFullError(RuntimeError):
     """The admission queue is over its bound (the server's 429)."""
+
+
+@dataclass(frozen=True)
+class WarmResult:
+    """What :meth:`AsyncEngine.warm` left in the cache: the prompt's length, how much of it a
+    request with this prompt now finds cached, and the pin (``None`` if not asked or refused:
+    then ``pin_error`` says why)."""
+
+    namespace: str
+    prompt_tokens: int
+    cached_tokens: int
+    already_cached_tokens: int
+    pin: dict[str, Any] | None
+    pin_error: str | None = None
 
 
 class AsyncEngine:
@@ -70,6 +96,7 @@ class AsyncEngine:
         self.metrics = metrics or EngineMetrics()
         self.background_interval_s = background_interval_s
         self.core: EngineCore | None = None
+        self.observer: CacheObserver | None = None
         self.assembler: Any = None  # hermes_async.prompt.PromptAssembler once started
         self.model_dir: Any = None
         self._executor: ThreadPoolExecutor | None = None
@@ -100,13 +127,23 @@ class AsyncEngine:
         eos = self._eos
         if eos is None:  # injected tokenizer without explicit ids: take the tokenizer's
             eos = [getattr(self.tokenizer, "eos_token_id", None)]
+        from hermes_async.observe.cache_observer import CacheObserver
+
+        self.observer = CacheObserver(self.runner.block_size, report_decoder(self.tokenizer))
         self.core = EngineCore(self.config, self.runner,
                                frozenset(e for e in eos if e is not None),
-                               self._output_text, self.metrics)
+                               self._output_text, self.metrics, self.observer)
         self._wake = asyncio.Event()
         self._accepting = True
         self._tasks = [asyncio.create_task(self._step_loop(), name="hermes-step-loop"),
                        asyncio.create_task(self._background_loop(), name="hermes-background")]
+        for i, item in enumerate(self.config.cache.warm):  # e.g. after a template upgrade
+            res = await self.warm(prompt=item.get("prompt"), messages=item.get("messages"),
+                                  namespace=item.get("namespace"),
+                                  pin_ttl_s=item.get("pin_ttl_s"))
+            log.info("warmed cache.warm[%d]: %d of %d prompt tokens cached in %r%s", i,
+                     res.cached_tokens, res.prompt_tokens, res.namespace,
+                     f", pinned for {item['pin_ttl_s']} s" if res.pin else "")
 
     async def stop(self, drain_timeout_s: float = 0.0) -> None:
         """Stop admitting; let in-flight requests finish for up to ``drain_timeout_s``, abort
@@ -212,6 +249,38 @@ class AsyncEngine:
         core.add(req)
         self._wake.set()
         return req
+
+    async def warm(self, prompt: str | None = None, *, messages: list[dict] | None = None,
+                   token_ids: Sequence[int] | None = None, namespace: str | None = None,
+                   pin_ttl_s: float | None = None) -> WarmResult:
+        """Prefill a prompt into the prefix cache without answering it; optionally pin it.
+
+        The prompt runs through the scheduler like any request (chunked, batched with the
+        traffic); the one token sampled at the end of the prefill is dropped. With
+        ``pin_ttl_s`` its cached blocks are pinned before the request lets go of them: they
+        survive eviction until ``pin_ttl_s`` passes with no request matching the whole pinned
+        prefix (each such hit restarts the clock). Raises like :meth:`add_request`.
+        """
+        if pin_ttl_s is not None and pin_ttl_s <= 0:
+            raise InvalidParameter("pin_ttl_s", "pin_ttl_s must be a positive number of seconds")
+        ids = self.encode(prompt, messages, token_ids)
+        ns = namespace or DEFAULT_NAMESPACE
+        core = self._require_core()
+        before = core.cache.probe(ns, ids)
+        req = self.add_request(ids, SamplingParams(max_tokens=1, ignore_eos=True),
+                               request_id=f"warm-{uuid.uuid4().hex}", namespace=ns)
+        req.pin_ttl_s = pin_ttl_s
+        try:
+            while (out := await req.queue.get()).usage is None:
+                pass
+        finally:
+            if not req.finished:
+                self.abort(req.request_id)
+        if out.error is not None:
+            raise EngineError(f"warm-up failed: {out.error}")
+        cache = self._require_core().cache
+        pin = req.pin.to_dict(cache.now(), cache.block_size) if req.pin is not None else None
+        return WarmResult(ns, len(ids), cache.probe(ns, ids), before, pin, req.pin_error)
 
     def abort(self, request_id: str) -> bool:
         """Abort a request; its blocks are released at once. False if not in flight."""

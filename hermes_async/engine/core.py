@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hermes_async.cache.manager import KVCacheManager
+from hermes_async.cache.pins import PinLimitError
 from hermes_async.config import EngineConfig
 from hermes_async.engine.request import (
     EngineRequest,
@@ -35,12 +36,14 @@ class EngineCore:
     """Scheduler + KV cache manager + request table over one :class:`StepRunner`."""
 
     def __init__(self, config: EngineConfig, runner: StepRunner, eos_token_ids: frozenset[int],
-                 output_text: OutputTextFactory, metrics: EngineMetrics) -> None:
+                 output_text: OutputTextFactory, metrics: EngineMetrics,
+                 observer: Any = None) -> None:
         self.config = config
         self.runner = runner
         self.eos_token_ids = eos_token_ids
         self.output_text = output_text
         self.metrics = metrics
+        self.observer = observer  # hermes_async.observe.CacheObserver, or None
         self.cache = KVCacheManager.from_config(config.cache, runner.num_blocks,
                                                 runner.block_size)
         self.scheduler = Scheduler(config.scheduler, self.cache)
@@ -114,7 +117,9 @@ class EngineCore:
             self._fail_request(req, f"model execution failed: {error}", "engine_error")
 
     def background(self) -> None:
-        """Eviction to the low watermark and fork-limit pruning (between steps)."""
+        """Expired pins, eviction to the low watermark and fork-limit pruning (between
+        steps)."""
+        self.cache.expire_pins()
         evicted = self.cache.evict_to_low_watermark()
         if evicted:
             self.metrics.evicted_blocks.inc(evicted)
@@ -141,6 +146,8 @@ class EngineCore:
         self.metrics.prefix_queries.labels(ns).inc(seq.num_prompt_tokens)
         self.metrics.prefix_hits.labels(ns).inc(matched)
         self.metrics.prefix_matched.labels(ns).observe(matched)
+        if self.observer is not None:
+            self.observer.on_admission(ns, seq.tokens[:seq.num_prompt_tokens], matched)
         log.debug("request %s admitted: start_position=%d of %d prompt tokens", seq.seq_id,
                   matched, seq.num_prompt_tokens)
 
@@ -182,6 +189,9 @@ class EngineCore:
                 token_ids: tuple[int, ...] = (), logprobs: tuple[TokenLogprob, ...] = (),
                 error: str | None = None) -> None:
         req = seq.request
+        if req.pin_ttl_s is not None and reason in (FinishReason.STOP, FinishReason.LENGTH) \
+                and seq.seq_id in self.cache:
+            self._pin(seq)
         self.scheduler.remove(seq)
         seq.finish_reason = reason
         usage = None
@@ -191,6 +201,14 @@ class EngineCore:
             self.metrics.e2e.observe(time.monotonic() - req.arrival_time)
         req.queue.put_nowait(RequestOutput(req.request_id, seq.index, text, token_ids, reason,
                                            usage, logprobs, error))
+
+    def _pin(self, seq: Sequence) -> None:
+        """A warm-up request finished: pin its cached prompt blocks before they are released."""
+        req = seq.request
+        try:
+            req.pin = self.cache.pin_request(seq.seq_id, req.pin_ttl_s)  # type: ignore[arg-type]
+        except PinLimitError as e:
+            req.pin_error = str(e)
 
     def _fail_request(self, req: EngineRequest, message: str, code: str) -> None:
         req.error = message

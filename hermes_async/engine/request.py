@@ -109,6 +109,9 @@ class EngineRequest:
     sequences: list[Sequence] = field(default_factory=list)
     aborted: bool = False
     error: str | None = None
+    pin_ttl_s: float | None = None  # a warm-up request: pin its cached prompt on finish
+    pin: Any = None  # the hermes_async.cache.pins.Pin it got, if any
+    pin_error: str | None = None  # why pinning was refused (the pin cap)
 
     @property
     def finished(self) -> bool:

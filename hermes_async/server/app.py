@@ -26,12 +26,18 @@ from aiohttp import web
 
 from hermes_async.config import EngineConfig
 from hermes_async.engine.async_engine import AsyncEngine
-from hermes_async.server import endpoints
-from hermes_async.server.auth import DEFAULT_TENANT, Authenticator, is_protected
+from hermes_async.server import cache_admin, endpoints
+from hermes_async.server.auth import (
+    CACHE_ADMIN_PREFIX,
+    DEFAULT_TENANT,
+    Authenticator,
+    is_protected,
+)
+from hermes_async.server.dashboard import dashboard
 from hermes_async.server.errors import to_api_error
 from hermes_async.server.openai_chat import chat_completions
 from hermes_async.server.openai_completions import completions
-from hermes_async.server.state import STATE, TENANT, ServerState
+from hermes_async.server.state import CACHE_SCOPE, STATE, TENANT, ServerState
 
 log = logging.getLogger("hermes_async.server")
 
@@ -57,9 +63,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Resolve the API key of protected paths to the request's tenant (401 otherwise)."""
+    """Resolve the API key of protected paths to the request's tenant, and of the cache
+    admin paths to the namespaces it may see (401 otherwise)."""
     state = request.app[STATE]
-    if is_protected(request.path):
+    if request.path.startswith(CACHE_ADMIN_PREFIX):
+        request[CACHE_SCOPE] = state.auth.cache_scope(request.headers.get("Authorization"))
+        request[TENANT] = DEFAULT_TENANT
+    elif is_protected(request.path):
         request[TENANT] = state.auth.tenant_for(request.headers.get("Authorization"))
     else:
         request[TENANT] = DEFAULT_TENANT
@@ -96,7 +106,8 @@ def create_app(config: EngineConfig | None = None, *,
     engine = engine or AsyncEngine(config)
     app = web.Application(middlewares=[error_middleware, auth_middleware],
                           client_max_size=config.server.max_body_bytes)
-    app[STATE] = ServerState(config, engine, Authenticator(config.server.api_keys))
+    app[STATE] = ServerState(config, engine, Authenticator(config.server.api_keys,
+                                                           config.server.admin_key))
     app.cleanup_ctx.append(_engine_ctx)
     app.on_shutdown.append(_on_shutdown)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -105,6 +116,10 @@ def create_app(config: EngineConfig | None = None, *,
     app.router.add_post("/tokenize", endpoints.tokenize)
     app.router.add_get("/health", endpoints.health)
     app.router.add_get("/metrics", endpoints.metrics)
+    app.router.add_get("/cache/stats", cache_admin.stats)
+    app.router.add_post("/cache/warm", cache_admin.warm)
+    app.router.add_post("/cache/reset", cache_admin.reset)
+    app.router.add_get("/dashboard", dashboard)
     return app
 
 

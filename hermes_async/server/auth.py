@@ -6,6 +6,10 @@ so one tenant's cached prefixes can never serve (or reveal, through ``cached_tok
 A request's optional ``cache_salt`` (vLLM's field) splits its tenant's namespace further; it can
 only narrow sharing, never widen it: the tenant always prefixes the namespace.
 Without keys every request is tenant ``default``.
+
+The cache admin paths (``/cache/*``) resolve to a :class:`CacheScope` instead: the
+``server.admin_key`` sees every namespace; a tenant's key only its own namespace (and its
+``cache_salt`` splits); with no keys configured at all they are open.
 """
 
 from __future__ import annotations
@@ -13,18 +17,53 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from hermes_async.server.errors import APIError
 
 DEFAULT_TENANT = "default"
 PROTECTED_PREFIXES = ("/v1/", "/tokenize")
+CACHE_ADMIN_PREFIX = "/cache/"
+
+
+@dataclass(frozen=True)
+class CacheScope:
+    """Which namespaces a ``/cache/*`` caller may see and manage: all (``tenant`` None) or
+    one tenant's (its namespace and the ``cache_salt`` splits of it)."""
+
+    tenant: str | None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.tenant is None
+
+    def allows(self, namespace: str) -> bool:
+        return self.tenant is None or namespace == self.tenant or \
+            namespace.startswith(f"{self.tenant}~")
+
+    @property
+    def default_namespace(self) -> str:
+        return self.tenant or DEFAULT_TENANT
 
 
 class Authenticator:
     """Resolves the ``Authorization`` header to a tenant (constant-time key comparison)."""
 
-    def __init__(self, api_keys: Mapping[str, str]) -> None:
+    def __init__(self, api_keys: Mapping[str, str], admin_key: str | None = None) -> None:
         self._keys = [(k.encode(), tenant) for k, tenant in api_keys.items()]
+        self._admin_key = admin_key.encode() if admin_key else None
+
+    def cache_scope(self, authorization: str | None) -> CacheScope:
+        """The scope of a ``/cache/*`` request: everything when no key is configured or the
+        admin key is given; the key's tenant for a tenant key; 401 otherwise."""
+        if not self._keys and self._admin_key is None:
+            return CacheScope(None)
+        given = _bearer(authorization)
+        if self._admin_key is not None and hmac.compare_digest(self._admin_key, given):
+            return CacheScope(None)
+        if not self._keys:
+            raise _unauthorized("Incorrect admin key provided.")
+        return CacheScope(self.tenant_for(authorization))
 
     @property
     def enabled(self) -> bool:
@@ -36,13 +75,7 @@ class Authenticator:
         and the header is missing, malformed or carries an unknown key."""
         if not self._keys:
             return DEFAULT_TENANT
-        if not authorization:
-            raise _unauthorized("You didn't provide an API key. Provide it in the "
-                                "Authorization header: 'Authorization: Bearer YOUR_KEY'.")
-        scheme, _, token = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise _unauthorized("The Authorization header must be 'Bearer YOUR_KEY'.")
-        given = token.strip().encode()
+        given = _bearer(authorization)
         found: str | None = None
         for key, tenant in self._keys:  # compare against every key: no early exit
             if hmac.compare_digest(key, given):
@@ -50,6 +83,17 @@ class Authenticator:
         if found is None:
             raise _unauthorized("Incorrect API key provided.")
         return found
+
+
+def _bearer(authorization: str | None) -> bytes:
+    """The key of an ``Authorization: Bearer KEY`` header; 401 when missing or malformed."""
+    if not authorization:
+        raise _unauthorized("You didn't provide an API key. Provide it in the "
+                            "Authorization header: 'Authorization: Bearer YOUR_KEY'.")
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _unauthorized("The Authorization header must be 'Bearer YOUR_KEY'.")
+    return token.strip().encode()
 
 
 def _unauthorized(message: str) -> APIError:

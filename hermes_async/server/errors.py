@@ -6,7 +6,10 @@ Every error the server answers is ``{"error": {"message", "type", "param", "code
 400   invalid_request_error      bad JSON or schema (``param`` names the field), an
                                  out-of-range parameter, ``context_length_exceeded``
 401   invalid_request_error      ``invalid_api_key`` (missing or wrong key)
+403   permission_error           ``namespace_forbidden`` (``/cache/*``: another tenant's)
 404   invalid_request_error      ``model_not_found``; unknown route ``not_found``
+409   invalid_request_error      ``namespace_busy`` (reset while requests run there),
+                                 ``pin_limit_reached`` (the pin cap refused a pin)
 413   invalid_request_error      ``request_too_large``
 429   rate_limit_error           ``queue_full`` (with ``Retry-After``)
 500   server_error               ``internal_error``, a failed model step

@@ -49,6 +49,8 @@ async def assemble(engine: AsyncEngine, messages: list[Any], tools: list[Any] | 
         hits.inc()
     elif prompt.cache_outcome == "partial":
         partial.inc()
+    if engine.observer is not None:
+        engine.observer.on_assembly(namespace, prompt.cache_outcome)
     return prompt
 
 

@@ -92,6 +92,25 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     add_generation_prompt: bool = True
 
 
+class CacheWarmRequest(msgspec.Struct, kw_only=True):
+    """``POST /cache/warm``: ``prompt`` (raw text or token ids) or ``messages`` (+ ``tools``),
+    the ``namespace`` (default: the caller's), and ``pin_ttl_s`` to pin it."""
+
+    model: str | None = None
+    prompt: str | list[int] | None = None
+    messages: list[Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    namespace: str | None = None
+    pin_ttl_s: Annotated[float, Meta(gt=0)] | None = None
+
+
+class CacheResetRequest(msgspec.Struct, kw_only=True):
+    """``POST /cache/reset``: one ``namespace`` (default: the caller's); the admin may give
+    ``"*"`` for every namespace."""
+
+    namespace: str | None = None
+
+
 def decode(body: bytes, type: type[T]) -> T:
     """Decode a JSON body into ``type``; raises msgspec errors (mapped to 400 upstream)."""
     return msgspec.json.decode(body, type=type)

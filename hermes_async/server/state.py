@@ -11,7 +11,7 @@ from aiohttp import web
 
 from hermes_async.config import EngineConfig
 from hermes_async.engine.async_engine import AsyncEngine
-from hermes_async.server.auth import Authenticator
+from hermes_async.server.auth import Authenticator, CacheScope
 from hermes_async.server.errors import APIError, unavailable
 
 
@@ -71,3 +71,4 @@ class ServerState:
 
 STATE = web.AppKey("hermes_state", ServerState)
 TENANT = web.RequestKey("hermes_tenant", str)
+CACHE_SCOPE = web.RequestKey("hermes_cache_scope", CacheScope)

@@ -38,6 +38,10 @@ from openai_stream import RequestRecord, stream_chat
 from prometheus_client.parser import text_string_to_metric_families
 from workloads import Workload, load_tokenizer, make_workload, openai_body
 
+STEP_SAMPLES = {  # hermes_async's step histograms: what limits a run
+    "steps": "hermes_step_seconds_count", "step_seconds": "hermes_step_seconds_sum",
+    "step_tokens": "hermes_step_tokens_sum", "step_seqs": "hermes_step_sequences_sum",
+}
 PREFIX_COUNTERS = {  # exporter: (queries sample, hits sample), both in tokens
     "hermes_async": ("hermes_prefix_cache_queries_total", "hermes_prefix_cache_hits_total"),
     "vllm": ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
@@ -109,8 +113,26 @@ def parse_prefix_counters(text: str) -> dict[str, Any] | None:
             samples[s.name] = samples.get(s.name, 0.0) + s.value
     for source, (queries, hits) in PREFIX_COUNTERS.items():
         if queries in samples and hits in samples:
-            return {"source": source, "queries": samples[queries], "hits": samples[hits]}
+            out = {"source": source, "queries": samples[queries], "hits": samples[hits]}
+            out.update({k: samples[name] for k, name in STEP_SAMPLES.items() if name in samples})
+            return out
     return None
+
+
+def step_profile(before: dict[str, Any] | None, after: dict[str, Any] | None,
+                 wall_s: float) -> dict[str, float] | None:
+    """Where a hermes_async server's time went between two scrapes: the share of the wall
+    time spent in forward steps, and tokens and sequences per step (None for other servers)."""
+    if not before or not after or any(k not in before or k not in after for k in STEP_SAMPLES):
+        return None
+    steps = after["steps"] - before["steps"]
+    if steps <= 0:
+        return None
+    busy = after["step_seconds"] - before["step_seconds"]
+    return {"steps": steps, "forward_share": busy / wall_s if wall_s else None,
+            "ms_per_step": 1e3 * busy / steps,
+            "tokens_per_step": (after["step_tokens"] - before["step_tokens"]) / steps,
+            "seqs_per_step": (after["step_seqs"] - before["step_seqs"]) / steps}
 
 
 async def scrape_prefix_counters(session: aiohttp.ClientSession, root: str,
@@ -268,6 +290,7 @@ async def run_point(client: Client, workload: Workload, point: dict[str, Any],
         r.start -= t0  # seconds since the point started
     summary = summarize(records, wall)
     summary["server_prefix_hit_rate"] = prefix_hit_rate(before, after)
+    summary["server_steps"] = step_profile(before, after, wall)
     summary["metrics_source"] = (after or {}).get("source")
     return {"point": point, "summary": summary,
             "records": [r.to_json(with_text=cfg.keep_text) for r in records]}

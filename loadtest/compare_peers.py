@@ -42,24 +42,29 @@ MARK_START, MARK_END = "<!-- peers:start -->", "<!-- peers:end -->"
 
 @dataclass(frozen=True)
 class Run:
-    """One bench_serving run of the comparison: a workload at some concurrency levels."""
+    """One bench_serving run of the comparison: a workload at one concurrency level."""
 
     key: str
     workload: str
-    concurrency: tuple[int, ...]
+    concurrency: int
     num_requests: int
     params: dict[str, Any]
 
 
+SHARED_CONCURRENCY = (1, 8, 32)
+
+
 def plan(quick: bool) -> list[Run]:
-    """The runs, in order. ``quick`` shrinks request counts (for a smoke test)."""
+    """The runs, in order. ``quick`` shrinks request counts and prompts (a smoke test)."""
     k = 4 if quick else 1
-    sys_tokens = 256 if quick else 1000
+    system = {"system_tokens": 256 if quick else 1000}
     return [
-        Run("shared", "shared_system", (1, 8, 32), 64 // k, {"system_tokens": sys_tokens}),
-        Run("short", "no_reuse", (32,), 64 // k, {}),
-        Run("dynamic", "dynamic_field", (1,), 12 // k, {"system_tokens": sys_tokens}),
-        Run("multiturn", "multi_turn", (8,), 48 // k, {}),
+        Run("shared@1", "shared_system", 1, 16 // k, system),
+        Run("shared@8", "shared_system", 8, 32 // k, system),
+        Run("shared@32", "shared_system", 32, 64 // k, system),
+        Run("short@32", "no_reuse", 32, 64 // k, {}),
+        Run("dynamic@1", "dynamic_field", 1, 12 // k, system),
+        Run("multiturn@8", "multi_turn", 8, 48 // k, {}),
     ]
 
 
@@ -130,10 +135,10 @@ async def bench_server(name: str, base: str, model: str, runs: list[Run], out_di
     results: dict[str, Any] = {"server": name, "runs": {}}
     for run in runs:
         cfg = BenchConfig(base_url=f"{base}/v1", model=model, workload=run.workload,
-                          workload_params=run.params, concurrency=list(run.concurrency),
+                          workload_params=run.params, concurrency=[run.concurrency],
                           num_requests=run.num_requests, max_tokens=max_tokens, warmup=2,
-                          ignore_eos=True, tokenizer=tokenizer, label=name,
-                          out=str(out_dir / f"{name}-{run.key}.json"))
+                          tokenizer=tokenizer, label=name,
+                          out=str(out_dir / f"{name}-{run.key.replace('@', '-c')}.json"))
         t0 = time.perf_counter()
         res = await run_benchmark(cfg, progress=lambda row: print(row, flush=True))
         print(f"[{name}] {run.key}: {time.perf_counter() - t0:.0f} s", flush=True)
@@ -167,10 +172,10 @@ def run_server(name: str, runs: list[Run], out_dir: Path, args: argparse.Namespa
             stop(proc)
 
 
-def point(res: dict[str, Any], run: str, index: int = 0) -> dict[str, Any] | None:
-    """The summary of one sweep point of one run, or None."""
+def point(res: dict[str, Any] | None, run: str) -> dict[str, Any] | None:
+    """The summary of one run (its single sweep point), or None."""
     try:
-        return res["runs"][run]["points"][index]["summary"]
+        return res["runs"][run]["points"][0]["summary"]  # type: ignore[index]
     except (KeyError, IndexError, TypeError):
         return None
 
@@ -194,45 +199,49 @@ def _ratio(a: float | None, b: float | None, higher_is_better: bool) -> str:
     return f"{(a / b if higher_is_better else b / a):.2f}x"
 
 
-def report(results: dict[str, dict[str, Any]], runs: list[Run], max_tokens: int) -> str:
-    """Markdown: per concurrency and server, throughput and TTFT with hermes/peer ratios
-    (ratio > 1: hermes better), then cache figures."""
+def report(results: dict[str, dict[str, Any]], max_tokens: int) -> str:
+    """Markdown: per workload, concurrency and server, throughput and TTFT with hermes/peer
+    ratios (ratio > 1: hermes better), then the cache figures."""
     hermes = results.get("hermes")
     lines = [
-        f"Output tokens per request: {max_tokens} (ignore_eos). Ratios are hermes / peer for "
-        "throughput and peer / hermes for latency, so > 1 means hermes_async is better.", "",
-        "| workload | conc. | server | out tok/s | TTFT p50 (s) | TTFT p99 (s) | ITL p50 (ms) "
-        "| tok/s ratio | TTFT p50 ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"Greedy, `max_tokens` {max_tokens}, no `ignore_eos` (transformers serve refuses the "
+        "field), so every server does the same work except where its text differs (llama.cpp "
+        "runs the Q4_1 GGUF). Ratios: hermes / peer for throughput, peer / hermes for TTFT: "
+        "> 1 means hermes_async is better.", "",
+        "| workload | conc. | server | out tok/s | out tok/req | TTFT p50 (s) | TTFT p99 (s) "
+        "| ITL p50 (ms) | tok/s ratio | TTFT p50 ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for run_key, label in (("shared", "shared 1k system prompt"), ("short", "short distinct")):
-        run = next(r for r in runs if r.key == run_key)
-        for i, conc in enumerate(run.concurrency):
-            h = point(hermes, run_key, i) if hermes else None
-            for name, res in results.items():
-                s = point(res, run_key, i)
-                if s is None:
-                    continue
-                tput = _get(s, "output_throughput")
-                ttft50, ttft99 = _get(s, "ttft_ms", "p50"), _get(s, "ttft_ms", "p99")
-                itl50 = _get(s, "itl_ms", "p50")
-                ratio_t = "-" if name == "hermes" else _ratio(
-                    _get(h, "output_throughput"), tput, True)
-                ratio_l = "-" if name == "hermes" else _ratio(
-                    _get(h, "ttft_ms", "p50"), ttft50, False)
-                lines.append(
-                    f"| {label} | {conc} | {name} | {_fmt(tput, '.1f')} | "
-                    f"{_fmt(ttft50 and ttft50 / 1000, '.3f')} | "
-                    f"{_fmt(ttft99 and ttft99 / 1000, '.3f')} | {_fmt(itl50, '.1f')} | "
-                    f"{ratio_t} | {ratio_l} |")
-    lines += ["", "Cache figures (concurrency 1 for fixed vs dynamic; hit rate = cached prompt "
-              "tokens / prompt tokens, from the server's usage or /metrics):", "",
+    rows = [(f"shared@{c}", "shared 1k system prompt", c) for c in SHARED_CONCURRENCY]
+    rows.append(("short@32", "short distinct prompts", 32))
+    for key, label, conc in rows:
+        h = point(hermes, key)
+        for name, res in results.items():
+            s = point(res, key)
+            if s is None:
+                continue
+            tput = _get(s, "output_throughput")
+            ttft50, ttft99 = _get(s, "ttft_ms", "p50"), _get(s, "ttft_ms", "p99")
+            ratio_t = "-" if name == "hermes" else _ratio(_get(h, "output_throughput"), tput,
+                                                          True)
+            ratio_l = "-" if name == "hermes" else _ratio(_get(h, "ttft_ms", "p50"), ttft50,
+                                                          False)
+            lines.append(
+                f"| {label} | {conc} | {name} | {_fmt(tput, '.1f')} | "
+                f"{_fmt(_get(s, 'output_tokens_mean'), '.1f')} | "
+                f"{_fmt(ttft50 and ttft50 / 1000, '.3f')} | "
+                f"{_fmt(ttft99 and ttft99 / 1000, '.3f')} | "
+                f"{_fmt(_get(s, 'itl_ms', 'p50'), '.1f')} | {ratio_t} | {ratio_l} |")
+    lines += ["", "Cache figures at concurrency 1 (hit rate = cached prompt tokens / prompt "
+              "tokens, from the server's usage, else its /metrics; n/a: the server reports "
+              "neither). Uncached = the dynamic-field workload: the same 1k system prompt "
+              "behind a distinct timestamp.", "",
               "| server | fixed system prompt hit rate | dynamic-field hit rate | TTFT p50 "
               "cached (s) | TTFT p50 uncached (s) | cached / uncached | multi-turn "
               "reusable share |", "|---|---|---|---|---|---|---|"]
     for name, res in results.items():
-        fixed, dyn, multi = point(res, "shared", 0), point(res, "dynamic", 0), \
-            point(res, "multiturn", 0)
+        fixed, dyn = point(res, "shared@1"), point(res, "dynamic@1")
+        multi = point(res, "multiturn@8")
         t_c, t_u = _get(fixed, "ttft_ms", "p50"), _get(dyn, "ttft_ms", "p50")
         lines.append(
             f"| {name} | {_fmt(_hit(fixed), '.1%')} | {_fmt(_hit(dyn), '.1%')} | "
@@ -240,7 +249,7 @@ def report(results: dict[str, dict[str, Any]], runs: list[Run], max_tokens: int)
             f"{_fmt(t_c / t_u if t_c and t_u else None, '.3f')} | "
             f"{_fmt(_hit(multi), '.1%')} |")
     starts = ", ".join(f"{n} {r.get('startup_s', 0):.0f} s" for n, r in results.items())
-    lines += ["", f"Start-up to first `/v1/models` answer: {starts}."]
+    lines += ["", f"Start-up to the first `/v1/models` answer: {starts}."]
     return "\n".join(lines)
 
 
@@ -299,12 +308,13 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = res
                 summary_path.write_text(json.dumps(results, indent=1))
     ordered = {n: results[n] for n in [*ALL_SERVERS, *results] if n in results}
-    body = report(ordered, runs, args.max_tokens)
+    body = report(ordered, args.max_tokens)
     (out_dir / "report.md").write_text(body + "\n")
-    shared = [{**r["runs"]["shared"], "label": n} for n, r in ordered.items()
-              if "shared" in r["runs"]]
-    if shared:
-        plot_results(shared, out_dir)
+    curves = [{"label": n, "points": [r["runs"][f"shared@{c}"]["points"][0]
+                                      for c in SHARED_CONCURRENCY
+                                      if f"shared@{c}" in r["runs"]]}
+              for n, r in ordered.items()]
+    plot_results([c for c in curves if c["points"]], out_dir)
     print(body)
     if args.update_benchmarks:
         splice(Path(args.update_benchmarks), body)

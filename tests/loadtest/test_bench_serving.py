@@ -220,6 +220,9 @@ async def test_bench_serving_against_hermes(loadtest_server, tmp_path: Path, cap
         assert s["output_throughput"] > 0 and s["request_throughput"] > 0
         assert s["cached_share"] > 0.5  # 200 shared tokens of about 250
         assert s["metrics_source"] == "hermes_async" and s["server_prefix_hit_rate"] > 0.5
+        steps = s["server_steps"]  # hermes step histograms: >= 4 tokens, one step each
+        assert steps["steps"] >= 4
+        assert 0 < steps["forward_share"] <= 1.05 and steps["seqs_per_step"] >= 1
         assert all(r["prompt_tokens"] and r["output_tokens"] for r in p["records"])
     saved = json.loads((tmp_path / "hermes.json").read_text())
     assert saved["config"]["workload"] == "shared_system" and len(saved["points"]) == 2

@@ -58,6 +58,12 @@ def plot_load(runs: list[dict[str, Any]], path: Path, x_key: str = "concurrency"
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [f"{x:g}" for x in xs])
             ax.minorticks_off()
+    ttfts = [s["ttft_ms"]["p50"] for pts in lines.values() for _, s in pts
+             if s["ttft_ms"]["p50"]]
+    if ttfts and max(ttfts) > 50 * min(ttfts):  # servers orders of magnitude apart
+        axes[2].set_yscale("log")
+        axes[2].set_ylim(min(ttfts) / 2, max(ttfts) * 2)
+        axes[2].set_ylabel("TTFT p50 (ms, log scale)")
     axes[0].legend(fontsize="small")
     fig.suptitle(f"Throughput and TTFT vs {xlabel}")
     return _save(fig, path)

@@ -108,7 +108,7 @@ class WorkloadUser(HttpUser):
         start = time.perf_counter()
         last = None
         text: list[str] = []
-        done = False
+        done = done_by_finish = False  # [DONE], or a finish chunk (transformers serve)
         with self.client.post(f"{self.prefix}/chat/completions", json=body, stream=True,
                               headers=self.headers, name=name, catch_response=True) as resp:
             try:
@@ -128,6 +128,8 @@ class WorkloadUser(HttpUser):
                         return None
                     piece = chunk_text(chunk)
                     now = time.perf_counter()
+                    if finished(chunk):
+                        done_by_finish = True
                     if piece is None:
                         if last is None and finished(chunk):  # an empty answer: EOS first
                             self.fire("TTFT", name, now - start, 0)
@@ -144,8 +146,8 @@ class WorkloadUser(HttpUser):
                 return None
             resp.request_meta["response_time"] = (time.perf_counter() - start) * 1e3
             resp.request_meta["response_length"] = len("".join(text))
-            if not done:
-                resp.failure("incomplete stream: no data: [DONE]")
+            if not (done or done_by_finish):
+                resp.failure("incomplete stream: no finish_reason and no data: [DONE]")
                 return None
             resp.success()
         return "".join(text)

@@ -147,8 +147,8 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, body: dict[str, 
                       headers: dict[str, str] | None = None,
                       timeout_s: float = 600.0) -> RequestRecord:
     """POST ``body`` (with ``stream: true``) to ``url`` and time the stream. Never raises for
-    a failed request: HTTP errors, error events, a stream cut before ``[DONE]`` and timeouts
-    are in ``error``."""
+    a failed request: HTTP errors, error events, a stream cut before its finish chunk and
+    ``[DONE]``, and timeouts are in ``error``."""
     rec = RequestRecord(index=index, meta=dict(meta or {}))
     rec.start = time.perf_counter()
     timer = StreamTimer(rec)
@@ -169,8 +169,9 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, body: dict[str, 
         rec.error = f"{type(e).__name__}: {e}"
     finally:
         rec.e2e = time.perf_counter() - rec.start
-    if rec.error is None and not timer.done:
-        rec.error = "incomplete stream: no data: [DONE]"
+    if rec.error is None and not timer.done and rec.finish_reason is None:
+        # transformers serve ends streams after the finish chunk without [DONE]: accepted
+        rec.error = "incomplete stream: no finish_reason and no data: [DONE]"
     if rec.output_tokens is None:
         rec.output_tokens = rec.chunks
     return rec

@@ -33,7 +33,7 @@ def tiny_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
 
 
-def test_device() -> str:
+def device_under_test() -> str:
     """``HERMES_TEST_DEVICE=cuda`` runs the runner tests on a GPU (scripts/device_check.sh)."""
     return os.environ.get("HERMES_TEST_DEVICE", "cpu")
 
@@ -41,7 +41,7 @@ def test_device() -> str:
 def make_runner(path, block_size: int = 8, dtype: str = "float32") -> ModelRunner:
     return ModelRunner(
         path,
-        ModelConfig(dtype=dtype, device=test_device()),
+        ModelConfig(dtype=dtype, device=device_under_test()),
         CacheConfig(block_size=block_size, kv_cache_bytes=4 << 20),
     )
 

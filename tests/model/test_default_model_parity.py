@@ -8,7 +8,7 @@ import torch
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.runner import ModelRunner
 from hermes_async.types import SequenceStep
-from tests.model.conftest import test_device
+from tests.model.conftest import device_under_test
 from tests.model.test_runner_parity import greedy_with_runner
 
 pytestmark = pytest.mark.slow
@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 def real(default_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    runner = ModelRunner(default_model_dir, ModelConfig(dtype="float32", device=test_device()),
+    runner = ModelRunner(default_model_dir,
+                         ModelConfig(dtype="float32", device=device_under_test()),
                          CacheConfig(kv_cache_bytes=64 << 20))
     oracle = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)

@@ -91,7 +91,7 @@ def role_tags(inspected: InspectedPrompt) -> Counter[str]:
     return tags
 
 
-def _is_tool_tag(tag: str) -> bool:
+def is_tool_tag(tag: str) -> bool:
     low = tag.lower()
     if low.endswith(tuple(_TOOL_WORDS)):
         return True
@@ -137,7 +137,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     out.write("role tags (control token + role):\n")
     for tag, n in sorted(tags.items()):
         out.write(f"  {tag!r:<40} {n}\n")
-    tool_tags = sum(n for tag, n in tags.items() if _is_tool_tag(tag))
+    tool_tags = sum(n for tag, n in tags.items() if is_tool_tag(tag))
     tool_msgs = prompt.role_counts.get("tool", 0)
     tool_calls = sum(len(m.tool_calls) for m in inspected.messages)
     ok = tool_tags == tool_msgs and (tool_calls == tool_msgs or tool_calls == 0)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_async.cache.prefix_tree import PrefixTree
-from hermes_async.cli_render import _is_tool_tag, role_tags  # one definition of a tool tag
+from hermes_async.cli_render import is_tool_tag, role_tags  # one definition of a tool tag
 from hermes_async.observe.divergence import DivergenceDetector, DivergencePoint
 from hermes_async.prompt import ChatTemplate, PromptAssembler, PromptError
 from hermes_async.prompt.roles import ROLE_TABLE
@@ -135,7 +135,7 @@ class PromptReader:
         check = RoleCheck(
             tool_messages=prompt.role_counts.get("tool", 0),
             tool_calls=sum(len(m.tool_calls) for m in inspected.messages),
-            tool_tags=sum(n for tag, n in tags.items() if _is_tool_tag(tag)),
+            tool_tags=sum(n for tag, n in tags.items() if is_tool_tag(tag)),
             user_messages=prompt.role_counts.get("user", 0),
             user_tags=sum(n for tag, n in tags.items() if tag.lower().endswith(_USER_WORDS)))
         return CapturedPrompt(no, ns, prompt.token_ids, check)

@@ -3,8 +3,8 @@
 POST itself (its response time is the whole stream) each request reports custom events:
 ``TTFT`` (time to the first content chunk; for an empty answer, to the chunk with the finish
 reason) and ``ITL`` (each gap between content chunks), so locust's table has their
-percentiles. An HTTP error, an error event or a stream that ends without ``data: [DONE]`` is a
-failure.
+percentiles. An HTTP error, an error event or a stream that ends with neither a finish chunk
+nor ``data: [DONE]`` is a failure (the same rules as bench_serving: ``openai_stream.StreamTimer``).
 
     locust -f loadtest/locustfile.py --headless -u 4 -r 2 -t 30s --stop-timeout 60 \
         --host http://127.0.0.1:8000    # in-flight streams may finish after the 30 s
@@ -18,13 +18,12 @@ Options (after locust's own): ``--system-tokens``, ``--max-tokens``, ``--workloa
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, ClassVar
 
 from locust import HttpUser, events, task
-from openai_stream import chunk_text
+from openai_stream import RequestRecord, StreamTimer
 from workloads import Workload, load_tokenizer, make_workload, openai_body
 
 MODEL_ENV = "HERMES_MODEL"
@@ -46,10 +45,6 @@ def _add_options(parser: Any) -> None:
 
 def api_key() -> str | None:
     return next((os.environ[k] for k in KEY_ENVS if os.environ.get(k)), None)
-
-
-def finished(chunk: dict[str, Any]) -> bool:
-    return any(c.get("finish_reason") for c in chunk.get("choices") or [])
 
 
 class WorkloadUser(HttpUser):
@@ -104,53 +99,34 @@ class WorkloadUser(HttpUser):
 
     def stream(self, body: dict[str, Any], name: str) -> str | None:
         """Send one streamed request; fire TTFT and ITL events; return the answer text
-        (None on failure)."""
-        start = time.perf_counter()
-        last = None
-        text: list[str] = []
-        done = done_by_finish = False  # [DONE], or a finish chunk (transformers serve)
+        (None on failure). The stream is read by bench_serving's :class:`StreamTimer`, so
+        both tools time and judge streams alike."""
+        rec = RequestRecord(index=0, start=time.perf_counter())
+        timer = StreamTimer(rec)
         with self.client.post(f"{self.prefix}/chat/completions", json=body, stream=True,
                               headers=self.headers, name=name, catch_response=True) as resp:
+            if resp.status_code != 200:
+                resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                return None
             try:
-                if resp.status_code != 200:
-                    resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
-                    return None
                 for line in resp.iter_lines(decode_unicode=True):
-                    if not line or not line.startswith("data:"):
-                        continue  # blank lines between events, comments (keep-alive)
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True  # read on to the end: the connection is reused
-                        continue
-                    chunk = json.loads(data)
-                    if chunk.get("error"):
-                        resp.failure(f"error event: {json.dumps(chunk['error'])[:200]}")
-                        return None
-                    piece = chunk_text(chunk)
-                    now = time.perf_counter()
-                    if finished(chunk):
-                        done_by_finish = True
-                    if piece is None:
-                        if last is None and finished(chunk):  # an empty answer: EOS first
-                            self.fire("TTFT", name, now - start, 0)
-                            last = now
-                        continue
-                    if last is None:
-                        self.fire("TTFT", name, now - start, len(piece))
-                    else:
-                        self.fire("ITL", name, now - last, len(piece))
-                    last = now
-                    text.append(piece)
+                    if line and line.startswith("data:"):  # skip blank lines and comments
+                        timer.event(line[5:].strip(), time.perf_counter())
             except Exception as e:  # noqa: BLE001 - a broken stream is a failed request
                 resp.failure(f"{type(e).__name__}: {e}")
                 return None
-            resp.request_meta["response_time"] = (time.perf_counter() - start) * 1e3
-            resp.request_meta["response_length"] = len("".join(text))
-            if not (done or done_by_finish):
-                resp.failure("incomplete stream: no finish_reason and no data: [DONE]")
+            resp.request_meta["response_time"] = (time.perf_counter() - rec.start) * 1e3
+            resp.request_meta["response_length"] = len(rec.text)
+            error = rec.error or timer.incomplete()
+            if error is not None:
+                resp.failure(error)
                 return None
             resp.success()
-        return "".join(text)
+        if rec.ttft is not None:
+            self.fire("TTFT", name, rec.ttft, min(rec.chunks, 1))
+        for gap in rec.itls:
+            self.fire("ITL", name, gap, 1)
+        return rec.text
 
     def fire(self, kind: str, name: str, seconds: float, length: int) -> None:
         self.environment.events.request.fire(

@@ -108,6 +108,14 @@ class StreamTimer:
         self.last_token = rec.start
         self.done = False
 
+    def incomplete(self) -> str | None:
+        """Why the stream, now ended, is incomplete (None: complete): neither ``[DONE]`` nor
+        a finish chunk arrived (transformers serve ends after its finish chunk, no
+        ``[DONE]``: accepted)."""
+        if self.done or self.rec.finish_reason is not None:
+            return None
+        return "incomplete stream: no finish_reason and no data: [DONE]"
+
     def event(self, data: str, now: float) -> None:
         """One SSE ``data`` payload received at ``now`` (perf_counter)."""
         rec = self.rec
@@ -169,9 +177,8 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, body: dict[str, 
         rec.error = f"{type(e).__name__}: {e}"
     finally:
         rec.e2e = time.perf_counter() - rec.start
-    if rec.error is None and not timer.done and rec.finish_reason is None:
-        # transformers serve ends streams after the finish chunk without [DONE]: accepted
-        rec.error = "incomplete stream: no finish_reason and no data: [DONE]"
+    if rec.error is None:
+        rec.error = timer.incomplete()
     if rec.output_tokens is None:
         rec.output_tokens = rec.chunks
     return rec

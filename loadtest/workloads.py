@@ -18,6 +18,7 @@ import copy
 import datetime as dt
 import json
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
@@ -116,7 +117,7 @@ def openai_body(request: dict[str, Any], model: str, *, stream: bool = True,
     return body
 
 
-class Workload:
+class Workload(ABC):
     """Base class: ``next_request()`` builds request ``i`` (0, 1, ...); ``record_response``
     feeds back an answer (only multi-turn conversations use it)."""
 
@@ -141,11 +142,13 @@ class Workload:
         self.index += 1
         return req
 
+    @abstractmethod
     def build(self, i: int) -> dict[str, Any]:
-        raise NotImplementedError
+        """Request ``i``: ``messages`` (and optional ``tools``, ``max_tokens``, ``meta``)."""
 
     def record_response(self, request: dict[str, Any], answer: str | None) -> None:
         """The server's answer to ``request`` (None when it failed or was not recorded)."""
+        del request, answer  # only multi-turn conversations keep answers
 
     def iter_requests(self, n: int) -> Iterator[dict[str, Any]]:
         """``n`` requests in order, each answered with the canned answer."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from hermes_async.cache.manager import KVCacheManager
@@ -22,15 +21,14 @@ PREFIX_KEYS = ("queries", "query_tokens", "hit_tokens")
 ASSEMBLY_KEYS = ("queries", "hits", "partial")
 
 
-@dataclass
 class _NamespaceFigures:
     """Counters of one namespace: since start, and over the window."""
 
-    prefix: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PREFIX_KEYS, 0.0))
-    assembly: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(ASSEMBLY_KEYS, 0.0))
-    prefix_window: RollingSums = field(default_factory=RollingSums)
-    assembly_window: RollingSums = field(default_factory=RollingSums)
+    def __init__(self, window_s: float, clock: Callable[[], float]) -> None:
+        self.prefix = dict.fromkeys(PREFIX_KEYS, 0.0)
+        self.assembly = dict.fromkeys(ASSEMBLY_KEYS, 0.0)
+        self.prefix_window = RollingSums(window_s, clock)
+        self.assembly_window = RollingSums(window_s, clock)
 
 
 class CacheObserver:
@@ -79,7 +77,7 @@ class CacheObserver:
         tot_prefix, tot_prefix_w = dict.fromkeys(PREFIX_KEYS, 0.0), dict.fromkeys(PREFIX_KEYS, 0.0)
         tot_asm, tot_asm_w = dict.fromkeys(ASSEMBLY_KEYS, 0.0), dict.fromkeys(ASSEMBLY_KEYS, 0.0)
         for ns in names:
-            f = self._figures.get(ns) or _NamespaceFigures()
+            f = self._figures.get(ns) or _NamespaceFigures(self.window_s, self._clock)
             prefix_w, asm_w = f.prefix_window.sums(), f.assembly_window.sums()
             for total, part in ((tot_prefix, f.prefix), (tot_prefix_w, prefix_w),
                                 (tot_asm, f.assembly), (tot_asm_w, asm_w)):
@@ -130,9 +128,7 @@ class CacheObserver:
     def _for(self, namespace: str) -> _NamespaceFigures:
         f = self._figures.get(namespace)
         if f is None:
-            f = self._figures[namespace] = _NamespaceFigures(
-                prefix_window=RollingSums(self.window_s, self._clock),
-                assembly_window=RollingSums(self.window_s, self._clock))
+            f = self._figures[namespace] = _NamespaceFigures(self.window_s, self._clock)
         return f
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from hermes_async.cache.errors import CacheError
 from hermes_async.engine.async_engine import AsyncEngine
 from hermes_async.server.auth import CacheScope
 from hermes_async.server.errors import APIError, json_response
@@ -59,14 +58,11 @@ async def warm(request: web.Request) -> web.Response:
                        code="invalid_value")
     namespace = req.namespace or scope.default_namespace
     _check_allowed(scope, namespace)
-    if req.messages is not None:
-        assembled = await assemble(engine, req.messages, req.tools, True, namespace)
-        ids = list(assembled.token_ids)
-    elif isinstance(req.prompt, list):
-        ids = req.prompt
-    else:
-        ids = engine.encode(prompt=req.prompt)
-    result = await engine.warm(token_ids=ids, namespace=namespace, pin_ttl_s=req.pin_ttl_s)
+    text, ids = (req.prompt, None) if isinstance(req.prompt, str) else (None, req.prompt)
+    if req.messages is not None:  # assembled here: cached, counted, tools rendered
+        ids = list((await assemble(engine, req.messages, req.tools, True, namespace)).token_ids)
+    result = await engine.warm(text, token_ids=ids, namespace=namespace,
+                               pin_ttl_s=req.pin_ttl_s)
     if result.pin_error is not None:
         raise APIError(409, f"the prompt is cached but not pinned: {result.pin_error}",
                        param="pin_ttl_s", code="pin_limit_reached")
@@ -106,10 +102,7 @@ def _reset(engine: AsyncEngine, namespace: str | None) -> tuple[int, int]:
         raise APIError(409, f"requests are in flight in {', '.join(busy)}; retry when they "
                        "are done", param="namespace", code="namespace_busy")
     unpinned = len(core.cache.pins_of(namespace))
-    try:
-        freed = core.cache.reset(namespace)
-    except CacheError as e:  # a request between the check and here (none can: same loop)
-        raise APIError(409, str(e), param="namespace", code="namespace_busy") from e
+    freed = core.cache.reset(namespace)  # no request holds blocks there: checked above
     for ns in [namespace] if namespace is not None else observer.namespaces():
         observer.detector.forget(ns)
     return freed, unpinned

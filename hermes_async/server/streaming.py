@@ -10,6 +10,7 @@ the engine requests.
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from typing import Any
 
 from aiohttp import web
@@ -23,7 +24,7 @@ from hermes_async.server.sse import SSEWriter
 log = logging.getLogger("hermes_async.server")
 
 
-class ChunkFormatter:
+class ChunkFormatter(ABC):
     """Turns engine outputs into OpenAI chunk objects; chat and completions subclass it.
 
     ``head`` holds the fields every chunk repeats (id, object, created, model). With
@@ -45,9 +46,9 @@ class ChunkFormatter:
         """Chunks sent before any output (chat: the ``role`` deltas)."""
         return []
 
+    @abstractmethod
     def on_output(self, prompt_index: int, out: RequestOutput) -> list[dict[str, Any]]:
         """Chunks for one output (text delta, then a finish chunk when it finishes)."""
-        raise NotImplementedError
 
     def epilogue(self, usage: Usage) -> list[dict[str, Any]]:
         """Chunks after the last output (the ``usage`` chunk when asked for)."""

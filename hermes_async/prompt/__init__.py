@@ -34,9 +34,11 @@ from hermes_async.prompt.template import (
     PromptTemplate,
     load_prompt_template,
 )
+from hermes_async.prompt.text import ADD_SPECIAL_TOKENS_DEFAULT, encode_text
 from hermes_async.prompt.tokenize import ControlToken, ProtectedTokenizer, discover_control_tokens
 
 __all__ = [
+    "ADD_SPECIAL_TOKENS_DEFAULT",
     "CANONICAL_ROLES",
     "ROLE_TABLE",
     "AssembledPrompt",
@@ -64,6 +66,7 @@ __all__ = [
     "ToolCall",
     "UnknownRoleError",
     "discover_control_tokens",
+    "encode_text",
     "load_prompt_template",
     "parse_messages",
 ]

@@ -19,7 +19,8 @@ from hermes_async.config import (
     SchedulerConfig,
     ServerConfig,
 )
-from hermes_async.engine.async_engine import AsyncEngine, EngineError, QueueFullError
+from hermes_async.builder import AsyncEngine
+from hermes_async.engine.errors import EngineError, NamespaceBusyError, QueueFullError
 from hermes_async.engine.request import RequestOutput, Usage
 from hermes_async.types import FinishReason, InvalidParameter, SamplingParams
 
@@ -34,6 +35,7 @@ __all__ = [
     "FinishReason",
     "InvalidParameter",
     "ModelConfig",
+    "NamespaceBusyError",
     "QueueFullError",
     "RequestOutput",
     "SamplingParams",

@@ -3,12 +3,50 @@
 No module-level registry: each :class:`EngineMetrics` owns a ``CollectorRegistry``, so two
 engines in one process keep separate figures. Counters and histograms are updated by the
 engine loop as things happen; gauges of queue and KV pool state are set once per step.
-Names are a public contract (dashboards rely on them); see the server issue's list.
+Names are a public contract (dashboards rely on them); see the README's metrics table.
+
+The prefix- and assembly-cache counters are not counted here: the engine's cache observer
+counts each event once, and :meth:`EngineMetrics.bind_cache_figures` exports those same figures
+at scrape time, so ``/metrics`` and ``/cache/stats`` can never disagree.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+CacheTotals = Mapping[str, Mapping[str, Mapping[str, float]]]
+"""namespace -> group (``prefix``/``assembly``) -> figure -> value since start."""
+
+CACHE_COUNTERS = (  # (metric name, help, group, figure)
+    ("hermes_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", "prefix",
+     "query_tokens"),
+    ("hermes_prefix_cache_hits", "Prompt tokens found in the prefix cache", "prefix",
+     "hit_tokens"),
+    ("hermes_assembly_cache_queries", "Prompt assemblies requested", "assembly", "queries"),
+    ("hermes_assembly_cache_hits", "Prompt assemblies served whole from the cache", "assembly",
+     "hits"),
+    ("hermes_assembly_cache_partial_hits", "Prompt assemblies extending a cached prefix",
+     "assembly", "partial"),
+)
+
+
+class CacheFigures(Collector):
+    """Exports the cache observer's per-namespace totals as Prometheus counters."""
+
+    def __init__(self, totals: Callable[[], CacheTotals]) -> None:
+        self._totals = totals
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        totals = self._totals()
+        for name, doc, group, figure in CACHE_COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=["namespace"])
+            for ns in sorted(totals):
+                family.add_metric([ns], totals[ns][group].get(figure, 0.0))
+            yield family
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
                    120.0)
@@ -28,25 +66,17 @@ class EngineMetrics:
         self.kv_blocks_total = Gauge("hermes_kv_blocks_total", "KV pool blocks", registry=r)
         self.kv_blocks_free = Gauge("hermes_kv_blocks_free", "Free KV blocks", registry=r)
         self.kv_blocks_cached = Gauge("hermes_kv_blocks_cached",
-                                      "KV blocks in the prefix tree, unpinned", registry=r)
-        self.kv_blocks_pinned = Gauge("hermes_kv_blocks_pinned",
-                                      "KV blocks in the prefix tree, pinned", registry=r)
-        self.prefix_queries = Counter("hermes_prefix_cache_queries",
-                                      "Prompt tokens looked up in the prefix cache", ns,
+                                      "KV blocks in the prefix tree, unreferenced (evictable)",
                                       registry=r)
-        self.prefix_hits = Counter("hermes_prefix_cache_hits",
-                                   "Prompt tokens found in the prefix cache", ns, registry=r)
+        self.kv_blocks_referenced = Gauge(
+            "hermes_kv_blocks_referenced",
+            "KV blocks in the prefix tree held by running requests or operator pins", registry=r)
+        self.kv_blocks_pinned = Gauge("hermes_kv_blocks_pinned",
+                                      "KV blocks held by operator pins (/cache/warm pin_ttl_s)",
+                                      registry=r)
         self.prefix_matched = Histogram("hermes_prefix_cache_matched_tokens",
                                         "Matched length per admitted request", ns,
                                         buckets=TOKEN_BUCKETS, registry=r)
-        self.assembly_queries = Counter("hermes_assembly_cache_queries",
-                                        "Prompt assemblies requested", ns, registry=r)
-        self.assembly_hits = Counter("hermes_assembly_cache_hits",
-                                     "Prompt assemblies served whole from the cache", ns,
-                                     registry=r)
-        self.assembly_partial_hits = Counter("hermes_assembly_cache_partial_hits",
-                                             "Prompt assemblies extending a cached prefix", ns,
-                                             registry=r)
         self.evicted_blocks = Counter("hermes_evicted_blocks", "KV blocks evicted", registry=r)
         self.pruned_nodes = Counter("hermes_pruned_nodes",
                                     "Prefix-tree blocks pruned by the fork limit", registry=r)
@@ -69,6 +99,16 @@ class EngineMetrics:
                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
         self.step_seconds = Histogram("hermes_step_seconds", "Forward step wall time",
                                       buckets=LATENCY_BUCKETS, registry=r)
+
+        self._cache_figures: CacheFigures | None = None
+
+    def bind_cache_figures(self, totals: Callable[[], CacheTotals]) -> None:
+        """Export ``totals()`` (the cache observer's) as the cache counters; rebinding (an
+        engine restarted with a new observer) replaces the previous source."""
+        if self._cache_figures is not None:
+            self.registry.unregister(self._cache_figures)
+        self._cache_figures = CacheFigures(totals)
+        self.registry.register(self._cache_figures)
 
     def exposition(self) -> bytes:
         """Prometheus text format of every metric in this registry."""

@@ -23,20 +23,21 @@ def _fail(message: str) -> None:
 
 
 def check_tree(tree: TreeStore) -> None:
-    """Structure, block index, pin counts, LRU index, fork-limit index and namespace gauges."""
+    """Structure, block index, reference counts, LRU index, fork-limit index and namespace
+    gauges."""
     bs, limit = tree.block_size, tree.fork_limit
     by_block: dict[int, TreeNode] = {}
     seen: set[int] = set()
     evictable: set[int] = set()
     over: set[int] = set()
     stats, roots = tree.stats(), tree.roots()
-    pinned_total = 0
+    referenced_total = 0
     for ns, root in roots.items():
         if not (root.is_root and root.live and root.parent is None and root.namespace == ns):
             _fail(f"bad root for namespace {ns!r}: {root!r}")
         if root.ref_count != 0:
-            _fail(f"root of {ns!r} is pinned: {root!r}")
-        count = pinned = 0
+            _fail(f"root of {ns!r} is referenced: {root!r}")
+        count = referenced = 0
         stack = [root]
         while stack:
             node = stack.pop()
@@ -61,30 +62,32 @@ def check_tree(tree: TreeStore) -> None:
                 _fail(f"block {node.block_id} of {node!r} is missing or in two nodes")
             by_block[node.block_id] = node
             if node.ref_count < child_refs:
-                _fail(f"{node!r} has fewer pins than its children ({child_refs}): "
-                      "pins must run along paths from the root")
+                _fail(f"{node!r} has fewer references than its children ({child_refs}): "
+                      "references must run along paths from the root")
             count += 1
-            pinned += node.ref_count > 0
+            referenced += node.ref_count > 0
             if node.ref_count == 0 and not node.children:
                 evictable.add(node.node_id)
         st = stats.get(ns)
-        if st is None or st.blocks != count or st.pinned_blocks != pinned:
-            _fail(f"namespace {ns!r}: counted {count} blocks, {pinned} pinned; stats say {st}")
-        pinned_total += pinned
+        if st is None or st.blocks != count or st.referenced_blocks != referenced:
+            _fail(f"namespace {ns!r}: counted {count} blocks, {referenced} referenced; "
+                  f"stats say {st}")
+        referenced_total += referenced
     for ns, st in stats.items():
-        if ns not in roots and (st.blocks or st.pinned_blocks):
+        if ns not in roots and (st.blocks or st.referenced_blocks):
             _fail(f"namespace {ns!r} has no tree but its gauges say {st}")
     if tree.block_ids() != set(by_block) or any(
             tree.node_for_block(b) is not nd for b, nd in by_block.items()):
         _fail(f"block index != tree blocks; differ on {sorted(tree.block_ids() ^ set(by_block))}")
     if tree.num_nodes != sum(st.blocks for st in stats.values()):
         _fail(f"namespace block counts do not add up to {tree.num_nodes}")
-    if tree.num_pinned != pinned_total:
-        _fail(f"pinned counter {tree.num_pinned} != pinned nodes {pinned_total}")
+    if tree.num_referenced != referenced_total:
+        _fail(f"referenced counter {tree.num_referenced} != referenced nodes "
+              f"{referenced_total}")
     entries = tree.evictable_entries()
     listed = {node_id for _, node_id, _ in entries}
     if len(listed) != len(entries) or listed != evictable or tree.num_evictable != len(entries):
-        _fail("evictable index != unpinned leaves; differ on node ids "
+        _fail("evictable index != unreferenced leaves; differ on node ids "
               f"{sorted(listed ^ evictable)}")
     for t, node_id, node in entries:
         if t != node.last_access_time or node_id != node.node_id:
@@ -105,7 +108,7 @@ def check_manager(pool: BlockPool, tree: TreeStore, requests: Mapping[str, Reque
     if free & in_tree:
         _fail(f"blocks both free and in the tree: {sorted(free & in_tree)[:10]}")
     owner: dict[int, str] = {}
-    pins: Counter[int] = Counter()
+    refs: Counter[int] = Counter()
     for rid, st in requests.items():
         n = st.num_cached_blocks
         if st.request_id != rid or not 0 <= n <= len(st.block_table):
@@ -113,15 +116,15 @@ def check_manager(pool: BlockPool, tree: TreeStore, requests: Mapping[str, Reque
         path: list[TreeNode] = []
         node = st.last_node
         if node is not None and (not node.live or node.namespace != st.namespace):
-            _fail(f"request {rid!r} pins {node!r}, not a live node of {st.namespace!r}")
+            _fail(f"request {rid!r} references {node!r}, not a live node of {st.namespace!r}")
         while node is not None and not node.is_root:
             path.append(node)
             node = node.parent
         path.reverse()
         if [nd.block_id for nd in path] != st.block_table[:n]:
             _fail(f"request {rid!r}: cached part of its block table {st.block_table[:n]} "
-                  f"!= its pinned path {[nd.block_id for nd in path]}")
-        pins.update(nd.node_id for nd in path)
+                  f"!= its referenced path {[nd.block_id for nd in path]}")
+        refs.update(nd.node_id for nd in path)
         for b in st.block_table[n:]:
             where = ("free" if b in free else "in the tree" if b in in_tree
                      else f"private to {owner[b]!r}" if b in owner
@@ -134,13 +137,13 @@ def check_manager(pool: BlockPool, tree: TreeStore, requests: Mapping[str, Reque
             _fail(f"operator pin on {last!r}, which left the tree")
         node = last
         while node is not None and not node.is_root:
-            pins[node.node_id] += 1
+            refs[node.node_id] += 1
             node = node.parent
     if len(free) + len(in_tree) + len(owner) != total:
         lost = sorted(set(range(total)) - free - in_tree - set(owner))
         _fail(f"free {len(free)} + tree {len(in_tree)} + private {len(owner)} != pool {total}; "
               f"unaccounted blocks {lost[:10]}")
     for node in tree.iter_nodes():
-        if node.ref_count != pins[node.node_id]:
-            _fail(f"{node!r}: ref_count {node.ref_count} but {pins[node.node_id]} requests pin "
-                  "it (requests plus operator pins)")
+        if node.ref_count != refs[node.node_id]:
+            _fail(f"{node!r}: ref_count {node.ref_count} but {refs[node.node_id]} holders "
+                  "reference it (requests plus operator pins)")

@@ -3,14 +3,16 @@
 Per request, on the event loop that owns the cache (no locks; nothing here awaits):
 
 1. ``admit(rid, namespace, prompt, num_new_tokens)`` -> :class:`Admission` or None: matches the
-   prompt, pins the matched path, allocates private blocks for the tokens to compute (evicting
-   unpinned cached blocks if it must). None means "not now" and changes nothing.
+   prompt, references the matched path, allocates private blocks for the tokens to compute
+   (evicting unreferenced cached blocks if it must). None means "not now" and changes nothing.
 2. ``grow(rid, num_tokens)`` before each later step: room for ``num_tokens`` tokens in total.
 3. ``commit(rid, computed_token_ids)`` after each step: newly full blocks move from private to
-   the tree and are pinned. A block another request cached first is freed and the request's
-   table switches to the cached copy, so read ``block_table(rid)`` again before the next step.
-4. ``release(rid)`` once, on finish, abort or preemption: unpins the path, frees private blocks;
-   its cached blocks stay in the tree (unpinned) for later hits, e.g. the re-admitted request.
+   the tree and are referenced by it. A block another request cached first is freed and the
+   request's table switches to the cached copy, so read ``block_table(rid)`` again before the
+   next step.
+4. ``release(rid)`` once, on finish, abort or preemption: drops its references, frees private
+   blocks; its cached blocks stay in the tree (unreferenced) for later hits, e.g. the re-admitted
+   request.
 
 ``block_table(rid)`` is the runner's block table: tree blocks of the matched and committed path,
 then private blocks, in token order. Between steps a background task calls
@@ -89,7 +91,7 @@ class KVCacheManager:
 
     def admit(self, request_id: str, namespace: str, prompt_token_ids: Sequence[int],
               num_new_tokens: int | None = None) -> Admission | None:
-        """Match, pin and allocate for a new (or re-admitted) request.
+        """Match, reference and allocate for a new (or re-admitted) request.
 
         Makes room for ``matched_len + num_new_tokens`` tokens; ``num_new_tokens`` is clamped to
         the rest of the prompt (default: all of it). Returns None, with no side effect (no
@@ -110,8 +112,8 @@ class KVCacheManager:
         rest = len(prompt_token_ids) - matched
         want = rest if num_new_tokens is None else min(num_new_tokens, rest)
         need = math.ceil((matched + want) / bs) - len(path)
-        newly_pinned = sum(1 for nd in path if nd.ref_count == 0)
-        if need > self.pool.num_free + self.tree.num_unpinned - newly_pinned:
+        newly_referenced = sum(1 for nd in path if nd.ref_count == 0)
+        if need > self.pool.num_free + self.tree.num_unreferenced - newly_referenced:
             self._allocation_failures += 1
             return None
         if m is not None:
@@ -134,7 +136,7 @@ class KVCacheManager:
         need = math.ceil(num_tokens / self.block_size) - len(st.block_table)
         if need <= 0:
             return []
-        if need > self.pool.num_free + self.tree.num_unpinned:
+        if need > self.pool.num_free + self.tree.num_unreferenced:
             self._allocation_failures += 1
             return None
         blocks = self._allocate(need)
@@ -144,7 +146,7 @@ class KVCacheManager:
     def commit(self, request_id: str, token_ids: Sequence[int]) -> int:
         """Cache the full blocks of ``token_ids``, the request's tokens whose KV is computed.
 
-        Newly full blocks go into the tree below the request's path and are pinned by it.
+        Newly full blocks go into the tree below the request's path and are referenced by it.
         Where another request cached the same block first, this request's copy is freed and
         its block table points at the cached block instead (safe once the step that wrote the
         copy is over). Returns the request's cached length in tokens.
@@ -175,7 +177,8 @@ class KVCacheManager:
         return full * bs
 
     def release(self, request_id: str) -> None:
-        """Unpin the request's path and free its private blocks; exactly once per admission."""
+        """Drop the request's references on its path and free its private blocks; exactly once
+        per admission."""
         st = self._requests.get(request_id)
         if st is None:
             raise CacheError(f"request {request_id!r} is not held (released twice, or never "
@@ -253,20 +256,21 @@ class KVCacheManager:
 
     # ----- background work, figures, maintenance ----------------------------------------------
     def usage(self) -> CacheUsage:
-        free, in_tree, pinned = self.pool.num_free, self.tree.num_nodes, self.tree.num_pinned
+        free, in_tree, held = self.pool.num_free, self.tree.num_nodes, self.tree.num_referenced
         private = self.pool.num_blocks - free - in_tree
-        return CacheUsage(self.pool.num_blocks, free, in_tree - pinned, pinned, private)
+        return CacheUsage(self.pool.num_blocks, free, in_tree - held, held, private,
+                          self.pins.covered_blocks())
 
     def blocks_to_evict(self) -> int:
         """Blocks to evict now: 0 unless usage is above the high watermark, then enough to get
-        to the low watermark (or every unpinned cached block, if that is not enough)."""
+        to the low watermark (or every unreferenced cached block, if that is not enough)."""
         total, used = self.pool.num_blocks, self.pool.num_used
         if used <= self.high_watermark * total:
             return 0
-        return min(used - math.floor(self.low_watermark * total), self.tree.num_unpinned)
+        return min(used - math.floor(self.low_watermark * total), self.tree.num_unreferenced)
 
     def evict(self, n_blocks: int) -> int:
-        """Evict up to ``n_blocks`` LRU unpinned cached blocks into the free list."""
+        """Evict up to ``n_blocks`` LRU unreferenced cached blocks into the free list."""
         freed = self.tree.evict(n_blocks)
         self.pool.free(freed)
         return len(freed)
@@ -286,12 +290,13 @@ class KVCacheManager:
 
     def reset(self, namespace: str | None = None) -> int:
         """Drop the cached blocks and the operator pins of one namespace (or all); refuses,
-        changing nothing, while a running request pins blocks there."""
+        changing nothing, while a running request references blocks there."""
         busy = sorted({st.namespace for st in self._requests.values()
                        if st.last_node is not None
                        and (namespace is None or st.namespace == namespace)})
         if busy:
-            raise CacheError(f"reset refused while requests have pinned blocks in {busy}")
+            raise CacheError("reset refused while running requests hold referenced blocks in "
+                             f"{busy}")
         for pin in self.pins.in_namespace(namespace):
             self.unpin(pin)
         freed = self.tree.reset(namespace)

@@ -1,4 +1,4 @@
-"""Block prefix tree: match, insert, pin, evict, prune, reset; one root per namespace.
+"""Block prefix tree: match, insert, reference, evict, prune, reset; one root per namespace.
 
 The tree never touches the block pool: whatever it frees (eviction, pruning, reset) it returns
 as block ids, and the caller hands them back to the pool. Times come from ``clock`` (default: a
@@ -16,7 +16,7 @@ from hermes_async.cache.tree_store import TreeStore
 
 
 class PrefixTree(TreeStore):
-    """Cached full token blocks per namespace, with ref-count pins and LRU eviction.
+    """Cached full token blocks per namespace, with reference counts and LRU eviction.
 
     ``PrefixTree(block_size, fork_limit=None, clock=None)``. Same tokens in two namespaces
     never share a node. A node with ``ref_count`` > 0 is never evicted or pruned.
@@ -47,7 +47,10 @@ class PrefixTree(TreeStore):
         return result
 
     def touch(self, match: MatchResult) -> None:
-        """Count ``match`` as a query (statistics) and mark its path as used now.
+        """Mark ``match``'s path as used now (LRU order).
+
+        Hit counts are not kept here: the engine counts each request's first admission once
+        (``hermes_async.observe.cache_observer``), for ``/metrics`` and ``/cache/stats`` alike.
 
         For a ``touch=False`` match that the caller decides to act on; call it before any other
         change to the tree.
@@ -57,11 +60,6 @@ class PrefixTree(TreeStore):
         now = self._clock()
         for node in match.path:
             self._set_time(node, now)
-        st = self._stats_for(match.namespace)
-        st.queries += 1
-        st.query_tokens += match.query_len
-        st.hit_tokens += match.matched_len
-        st.hit_queries += match.matched_len > 0
 
     def insert(self, namespace: str, token_ids: Sequence[int], block_ids: Sequence[int], *,
                parent: TreeNode | None = None) -> InsertResult:
@@ -73,10 +71,10 @@ class PrefixTree(TreeStore):
         kept; if its block differs from the caller's, the caller's block is listed in
         ``duplicate_block_ids`` and stays the caller's, to free (after switching its block table
         to the node's block) or to keep private. Past the fork limit, least recently used
-        unpinned child subtrees of the branching node are pruned (blocks in
-        ``pruned_block_ids``, for the pool); when every child is pinned the insert still
-        succeeds and ``fork_limit_all_pinned`` is counted. New nodes are unpinned leaves: pin
-        them with :meth:`lock`. Invalid input raises before anything changes.
+        unreferenced child subtrees of the branching node are pruned (blocks in
+        ``pruned_block_ids``, for the pool); when every child is referenced the insert still
+        succeeds and ``fork_limit_all_referenced`` is counted. New nodes are unreferenced leaves:
+        reference them with :meth:`lock`. Invalid input raises before anything changes.
         """
         bs, n = self.block_size, len(block_ids)
         if len(token_ids) != n * bs:
@@ -113,8 +111,8 @@ class PrefixTree(TreeStore):
             self._set_time(nd, now)
         pruned: list[int] = []
         if fresh and self.fork_limit is not None:
-            pruned, all_pinned = self._prune_children(node, self.fork_limit - 1)
-            st.fork_limit_all_pinned += all_pinned
+            pruned, all_referenced = self._prune_children(node, self.fork_limit - 1)
+            st.fork_limit_all_referenced += all_referenced
         path = existing
         for key, b in zip(keys[k:], fresh, strict=True):
             node = self._attach(node, key, b, now, st)
@@ -126,40 +124,40 @@ class PrefixTree(TreeStore):
     def lock(self, node: TreeNode, stop: TreeNode | None = None) -> None:
         """Pin ``node`` and its ancestors up to, not including, ``stop`` (default: the root).
 
-        A request pins its path once; when the path grows from ``old`` to ``new`` it calls
-        ``lock(new, stop=old)``, so each node of its path carries exactly one of its pins.
+        A request references its path once; when the path grows from ``old`` to ``new`` it calls
+        ``lock(new, stop=old)``, so each node of its path carries exactly one of its references.
         """
         for nd in self._chain(node, stop):
             if nd.ref_count == 0:
                 self._lru.discard(nd)
-                self._num_pinned += 1
-                self._stats[nd.namespace].pinned_blocks += 1
+                self._num_referenced += 1
+                self._stats[nd.namespace].referenced_blocks += 1
             nd.ref_count += 1
 
     def unlock(self, node: TreeNode, stop: TreeNode | None = None) -> None:
         """Undo :meth:`lock` of the same chain and mark it used now (LRU counts release time).
 
-        Raises :class:`CacheError`, changing nothing, if a node of the chain is not pinned.
+        Raises :class:`CacheError`, changing nothing, if a node of the chain is not referenced.
         """
         chain = self._chain(node, stop)
         for nd in chain:
             if nd.ref_count <= 0:
-                raise CacheError(f"unlock of unpinned {nd!r} (released twice?)")
+                raise CacheError(f"unlock of unreferenced {nd!r} (released twice?)")
         now = self._clock()
         for nd in chain:  # deepest first: only the deepest can become an evictable leaf
             nd.ref_count -= 1
             nd.last_access_time = now
             if nd.ref_count == 0:
-                self._num_pinned -= 1
-                self._stats[nd.namespace].pinned_blocks -= 1
+                self._num_referenced -= 1
+                self._stats[nd.namespace].referenced_blocks -= 1
                 if not nd.children:
                     self._lru.add(nd)
 
     def evict(self, n_blocks: int) -> list[int]:
-        """Free up to ``n_blocks`` unpinned leaves, least recently used first; O(log n) each.
+        """Free up to ``n_blocks`` unreferenced leaves, least recently used first; O(log n) each.
 
         A parent whose last child goes is evictable at once (and may go in the same call).
-        Fewer blocks come back only when nothing unpinned is left. Returns the freed block ids.
+        Fewer blocks come back only when nothing unreferenced is left. Returns the freed block ids.
         """
         freed: list[int] = []
         while len(freed) < n_blocks and self._lru:
@@ -169,9 +167,9 @@ class PrefixTree(TreeStore):
         return freed
 
     def prune_forks(self) -> list[int]:
-        """Bring nodes left above the fork limit (their children were pinned) back to it.
+        """Bring nodes left above the fork limit (their children were referenced) back to it.
 
-        For a background task: prunes least recently used unpinned child subtrees of those
+        For a background task: prunes least recently used unreferenced child subtrees of those
         nodes and returns the freed block ids.
         """
         freed: list[int] = []
@@ -183,13 +181,13 @@ class PrefixTree(TreeStore):
     def reset(self, namespace: str | None = None) -> list[int]:
         """Drop every node of one namespace (or of all) and return their blocks.
 
-        Refuses with :class:`CacheError`, changing nothing, while any of them is pinned.
+        Refuses with :class:`CacheError`, changing nothing, while any of them is referenced.
         The counters of :meth:`stats` are kept (they feed monotonic metrics).
         """
         names = list(self._roots) if namespace is None else [namespace]
-        pinned = {ns: self._stats[ns].pinned_blocks for ns in names if ns in self._roots}
-        if any(pinned.values()):
-            raise CacheError(f"reset refused while blocks are pinned: {pinned}")
+        held = {ns: self._stats[ns].referenced_blocks for ns in names if ns in self._roots}
+        if any(held.values()):
+            raise CacheError(f"reset refused while blocks are referenced: {held}")
         freed: list[int] = []
         for ns in names:
             root = self._roots.pop(ns, None)
@@ -205,9 +203,9 @@ class PrefixTree(TreeStore):
         check_tree(self)
 
     def _prune_children(self, node: TreeNode, keep: int) -> tuple[list[int], bool]:
-        """Prune LRU unpinned child subtrees until ``node`` has at most ``keep`` children.
+        """Prune LRU unreferenced child subtrees until ``node`` has at most ``keep`` children.
 
-        Returns the freed blocks and whether it stopped because every child left is pinned.
+        Returns the freed blocks and whether it stopped because every child left is referenced.
         """
         freed: list[int] = []
         st = self._stats[node.namespace]

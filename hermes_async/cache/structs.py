@@ -13,8 +13,9 @@ class TreeNode:
     """One full block of token ids and the physical block that holds its KV.
 
     ``children`` maps the next block's token ids to the child node. A namespace's root has empty
-    ``token_ids`` and ``block_id`` None; roots are never pinned, evicted or pruned.
-    ``ref_count`` is the number of running requests whose pinned path contains this node.
+    ``token_ids`` and ``block_id`` None; roots are never referenced, evicted or pruned.
+    ``ref_count`` is the number of holders (running requests and operator pins) whose
+    referenced path contains this node.
     ``live`` turns False when the node leaves the tree (eviction, pruning, reset); a dead node
     must not be passed back to the tree.
     """
@@ -89,37 +90,24 @@ class InsertResult(NamedTuple):
 @dataclass(slots=True)
 class NamespaceStats:
     """Figures of one namespace. Counters only grow (``reset`` keeps them); ``blocks`` and
-    ``pinned_blocks`` are gauges of the nodes in the tree now and of those pinned."""
+    ``referenced_blocks`` are gauges of the nodes in the tree now and of those referenced (by
+    running requests or operator pins)."""
 
-    queries: int = 0
-    query_tokens: int = 0
-    hit_queries: int = 0
-    hit_tokens: int = 0
     inserted_blocks: int = 0
     duplicate_blocks: int = 0
     evicted_blocks: int = 0
     pruned_subtrees: int = 0
     pruned_blocks: int = 0
-    fork_limit_all_pinned: int = 0
+    fork_limit_all_referenced: int = 0
     blocks: int = 0
-    pinned_blocks: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        """Share of queried tokens served from the cache."""
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
-
-    @property
-    def mean_matched_len(self) -> float:
-        """Average matched length per query, in tokens."""
-        return self.hit_tokens / self.queries if self.queries else 0.0
+    referenced_blocks: int = 0
 
 
 @dataclass(slots=True)
 class RequestState:
     """The blocks one running request holds (owned by :class:`KVCacheManager`).
 
-    ``block_table[:num_cached_blocks]`` are the blocks of the tree nodes on the request's pinned
+    ``block_table[:num_cached_blocks]`` are the blocks of the tree nodes on the request's referenced
     path (root to ``last_node``); ``block_table[num_cached_blocks:]`` are private to the request.
     """
 
@@ -139,17 +127,20 @@ class Admission(NamedTuple):
 
 
 class CacheUsage(NamedTuple):
-    """Blocks by state: ``free + cached + pinned + private == total``.
+    """Blocks by state: ``free + cached + referenced + private == total``.
 
-    ``cached``: in the tree and unpinned (evictable); ``pinned``: in the tree and pinned by a
-    running request; ``private``: owned by one running request, not (yet) in the tree.
+    ``cached``: in the tree and unreferenced (evictable); ``referenced``: in the tree and held
+    by a running request or an operator pin; ``private``: owned by one running request, not
+    (yet) in the tree. ``operator_pinned`` (part of ``referenced``): distinct blocks held by
+    operator pins (``/cache/warm`` with ``pin_ttl_s``).
     """
 
     total: int
     free: int
     cached: int
-    pinned: int
+    referenced: int
     private: int
+    operator_pinned: int = 0
 
     @property
     def used_fraction(self) -> float:

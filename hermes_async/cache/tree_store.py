@@ -19,9 +19,9 @@ from hermes_async.cache.structs import NamespaceStats, TreeNode
 class TreeStore:
     """Nodes of all namespaces and the indices over them.
 
-    Invariants (see :func:`hermes_async.cache.integrity.check_tree`): pins run along paths from
-    the root, so a pinned node's ancestors are pinned; the LRU index holds exactly the non-root
-    leaves with ``ref_count`` 0; ``_by_block`` maps every tree block to its node.
+    Invariants (see :func:`hermes_async.cache.integrity.check_tree`): references run along paths
+    from the root, so a referenced node's ancestors are referenced; the LRU index holds exactly
+    the non-root leaves with ``ref_count`` 0; ``_by_block`` maps every tree block to its node.
     """
 
     def __init__(self, block_size: int, *, fork_limit: int | None = None,
@@ -40,7 +40,7 @@ class TreeStore:
         self._by_block: dict[int, TreeNode] = {}
         self._lru = LruIndex()
         self._over_limit: dict[int, TreeNode] = {}  # nodes with more children than fork_limit
-        self._num_pinned = 0
+        self._num_referenced = 0
 
     # ----- figures and read-only views ----------------------------------------------------
     @property
@@ -49,13 +49,13 @@ class TreeStore:
         return len(self._by_block)
 
     @property
-    def num_pinned(self) -> int:
-        return self._num_pinned
+    def num_referenced(self) -> int:
+        return self._num_referenced
 
     @property
-    def num_unpinned(self) -> int:
-        """Blocks eviction can free, now or once their (unpinned) descendants are gone."""
-        return len(self._by_block) - self._num_pinned
+    def num_unreferenced(self) -> int:
+        """Blocks eviction can free, now or once their (unreferenced) descendants are gone."""
+        return len(self._by_block) - self._num_referenced
 
     @property
     def num_evictable(self) -> int:
@@ -129,7 +129,7 @@ class TreeStore:
 
     def _attach(self, parent: TreeNode, key: tuple[int, ...], block_id: int, now: float,
                 st: NamespaceStats) -> TreeNode:
-        """Add an unpinned leaf below ``parent`` (which stops being an evictable leaf)."""
+        """Add an unreferenced leaf below ``parent`` (which stops being an evictable leaf)."""
         self._lru.discard(parent)
         node = TreeNode(next(self._ids), parent.namespace, key, block_id, parent, now)
         parent.children[key] = node
@@ -158,7 +158,7 @@ class TreeStore:
         return node.block_id  # type: ignore[return-value]
 
     def _drop_subtree(self, top: TreeNode) -> list[int]:
-        """Detach ``top`` and all its descendants (all unpinned); return their blocks."""
+        """Detach ``top`` and all its descendants (all unreferenced); return their blocks."""
         subtree = [top, *iter_subtree(top)]
         return [self._drop_leaf(nd) for nd in reversed(subtree)]  # children before parents
 

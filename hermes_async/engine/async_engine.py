@@ -1,5 +1,7 @@
 """``AsyncEngine``: the embeddable engine on the caller's asyncio loop.
 
+    from hermes_async import AsyncEngine, EngineConfig, SamplingParams
+
     async with AsyncEngine(EngineConfig()) as engine:
         async for out in engine.generate("Hello", SamplingParams(max_tokens=32)):
             print(out.text, end="")
@@ -8,6 +10,16 @@ One task runs the step loop (plan -> forward in a dedicated worker thread -> app
 another evicts and prunes the prefix cache in the background between steps. Breaking out of
 ``generate`` or cancelling the task that iterates it aborts the request and releases its KV
 blocks at once. No globals: several engines can live in one process.
+
+This class is the engine layer's: it is built from :class:`EngineParts` (injected, or made by a
+``loader``) and never imports a model. ``hermes_async.AsyncEngine`` (``hermes_async.builder``)
+is the same class with the default loader, so ``AsyncEngine(EngineConfig())`` loads the
+embedded model.
+
+Everything a front end needs is a public method here (the OpenAI layer and the server use
+nothing else): :meth:`encode_text`, :meth:`assemble`, :meth:`add_request`, :meth:`generate`,
+:meth:`abort`, :meth:`warm`, :meth:`cache_stats`, :meth:`reset_cache`, :meth:`load`,
+:meth:`metrics_text`.
 """
 
 from __future__ import annotations
@@ -20,47 +32,36 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
+from hermes_async.cache.structs import CacheUsage
 from hermes_async.config import EngineConfig
-from hermes_async.engine.core import EngineCore, OutputTextFactory
+from hermes_async.engine.core import EngineCore
+from hermes_async.engine.errors import EngineError, NamespaceBusyError, QueueFullError
+from hermes_async.engine.output_text import output_text_factory
+from hermes_async.engine.parts import EngineParts, OutputTextFactory, PartsLoader, Tokenizer
 from hermes_async.engine.request import EngineRequest, RequestOutput
-from hermes_async.engine.runner_protocol import StepRunner
 from hermes_async.metrics import EngineMetrics
+from hermes_async.observe.cache_observer import CacheObserver
+from hermes_async.prompt import AssembledPrompt, PromptAssembler, encode_text
+from hermes_async.step import StepRunner
 from hermes_async.types import InvalidParameter, SamplingParams
-
-if TYPE_CHECKING:
-    from hermes_async.observe.cache_observer import CacheObserver
 
 log = logging.getLogger("hermes_async.engine")
 
 DEFAULT_NAMESPACE = "default"
 
-
-def output_text_factory(tokenizer: Any) -> OutputTextFactory:
-    """Per-sequence :class:`OutputText` (incremental detokenizer + stop strings)."""
-    from hermes_async.engine.output_text import OutputText
-
-    def make(prompt_ids: list[int], stops: tuple[str, ...]) -> OutputText:
-        return OutputText(tokenizer, prompt_ids, stops)
-
-    return make
+__all__ = ["DEFAULT_NAMESPACE", "AsyncEngine", "CacheResetResult", "EngineError", "EngineLoad",
+           "NamespaceBusyError", "QueueFullError", "WarmResult"]
 
 
-def report_decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
+def report_decoder(tokenizer: Tokenizer | None) -> Callable[[Sequence[int]], str]:
     """Token ids -> text for reports (special tokens shown); ids as text without a decoder."""
     decode = getattr(tokenizer, "decode", None)
     if decode is None:
         return lambda ids: " ".join(map(str, ids))
     return lambda ids: decode(list(ids), skip_special_tokens=False)
-
-
-class EngineError(RuntimeError):
-    """The engine is not running, or is shutting down (the server's 503)."""
-
-
-class QueueFullError(RuntimeError):
-    """The admission queue is over its bound (the server's 429)."""
 
 
 @dataclass(frozen=True)
@@ -77,28 +78,53 @@ class WarmResult:
     pin_error: str | None = None
 
 
-class AsyncEngine:
-    """Continuous-batching engine. Build with a config (the embedded default model unless
-    ``config.model.path`` says otherwise), or inject a ``runner``/``tokenizer`` pair."""
+@dataclass(frozen=True)
+class CacheResetResult:
+    """What :meth:`AsyncEngine.reset_cache` dropped (``namespace`` None: every namespace)."""
 
-    def __init__(self, config: EngineConfig | None = None, *, runner: StepRunner | None = None,
-                 tokenizer: Any = None, eos_token_ids: Sequence[int] | None = None,
-                 encode_messages: Callable[[list[dict]], list[int]] | None = None,
+    namespace: str | None
+    freed_blocks: int
+    unpinned: int
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """Requests in flight, sequences running and waiting, and the KV pool by state."""
+
+    requests: int
+    running: int
+    waiting: int
+    blocks: CacheUsage
+
+
+class AsyncEngine:
+    """Continuous-batching engine over :class:`EngineParts`.
+
+    Give either ``loader`` (called in the worker thread at :meth:`start`: loading takes
+    seconds) or the parts themselves: ``runner`` and ``tokenizer`` (plus, optionally,
+    ``eos_token_ids`` -- default: the tokenizer's --, ``output_text`` -- default: the
+    incremental detokenizer -- and ``assembler`` for chat messages).
+    """
+
+    def __init__(self, config: EngineConfig | None = None, *,
+                 loader: PartsLoader | None = None,
+                 runner: StepRunner | None = None, tokenizer: Tokenizer | None = None,
+                 eos_token_ids: Sequence[int] | None = None,
                  output_text: OutputTextFactory | None = None,
+                 assembler: PromptAssembler | None = None,
                  metrics: EngineMetrics | None = None,
                  background_interval_s: float = 0.05) -> None:
         self.config = config or EngineConfig()
-        self.runner = runner
-        self.tokenizer = tokenizer
-        self._eos = eos_token_ids
-        self._encode_messages = encode_messages
-        self._output_text = output_text
+        self._loader = loader
+        self._injected = (runner, tokenizer, eos_token_ids, output_text, assembler)
+        if loader is None and (runner is None or tokenizer is None):
+            raise EngineError("give a loader, or a runner and a tokenizer "
+                              "(hermes_async.AsyncEngine loads the configured model)")
         self.metrics = metrics or EngineMetrics()
         self.background_interval_s = background_interval_s
-        self.core: EngineCore | None = None
+        self.parts: EngineParts | None = None
+        self.core: EngineCore | None = None  # the engine's internals: for the engine's tests
         self.observer: CacheObserver | None = None
-        self.assembler: Any = None  # hermes_async.prompt.PromptAssembler once started
-        self.model_dir: Any = None
         self._executor: ThreadPoolExecutor | None = None
         self._tasks: list[asyncio.Task] = []
         self._wake = asyncio.Event()
@@ -106,33 +132,17 @@ class AsyncEngine:
 
     # ----- life cycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Load the model (in the worker thread) and start the loop; idempotent."""
+        """Load the parts (in the worker thread) and start the loop; idempotent."""
         if self.core is not None:
             return
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hermes-forward")
-        loop = asyncio.get_running_loop()
-        if self.runner is None or self.tokenizer is None:
-            from hermes_async.wiring import build_components  # the one place wiring model in
-
-            parts = await loop.run_in_executor(self._executor, build_components, self.config)
-            self.assembler = self.assembler or parts.assembler
-            self.model_dir = parts.model_dir
-            self.runner = self.runner or parts.runner
-            self.tokenizer = self.tokenizer or parts.tokenizer
-            self._eos = self._eos if self._eos is not None else parts.eos_token_ids
-            self._encode_messages = self._encode_messages or parts.encode_messages
-            self._output_text = self._output_text or parts.output_text
-        if self._output_text is None:
-            self._output_text = output_text_factory(self.tokenizer)
-        eos = self._eos
-        if eos is None:  # injected tokenizer without explicit ids: take the tokenizer's
-            eos = [getattr(self.tokenizer, "eos_token_id", None)]
-        from hermes_async.observe.cache_observer import CacheObserver
-
-        self.observer = CacheObserver(self.runner.block_size, report_decoder(self.tokenizer))
-        self.core = EngineCore(self.config, self.runner,
-                               frozenset(e for e in eos if e is not None),
-                               self._output_text, self.metrics, self.observer)
+        if self.parts is None:
+            self.parts = await self._build_parts()
+        parts = self.parts
+        self.observer = CacheObserver(parts.runner.block_size, report_decoder(parts.tokenizer))
+        self.metrics.bind_cache_figures(self.observer.totals)
+        self.core = EngineCore(self.config, parts.runner, parts.eos_token_ids,
+                               parts.output_text, self.metrics, self.observer)
         self._wake = asyncio.Event()
         self._accepting = True
         self._tasks = [asyncio.create_task(self._step_loop(), name="hermes-step-loop"),
@@ -144,6 +154,17 @@ class AsyncEngine:
             log.info("warmed cache.warm[%d]: %d of %d prompt tokens cached in %r%s", i,
                      res.cached_tokens, res.prompt_tokens, res.namespace,
                      f", pinned for {item['pin_ttl_s']} s" if res.pin else "")
+
+    async def _build_parts(self) -> EngineParts:
+        runner, tokenizer, eos, output_text, assembler = self._injected
+        if runner is None or tokenizer is None:
+            assert self._loader is not None
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, self._loader, self.config)
+        if eos is None:  # injected tokenizer without explicit ids: take the tokenizer's
+            eos = [getattr(tokenizer, "eos_token_id", None)]
+        return EngineParts(runner, tokenizer, frozenset(e for e in eos if e is not None),
+                           output_text or output_text_factory(tokenizer), assembler)
 
     async def stop(self, drain_timeout_s: float = 0.0) -> None:
         """Stop admitting; let in-flight requests finish for up to ``drain_timeout_s``, abort
@@ -175,42 +196,108 @@ class AsyncEngine:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    # ----- what the engine serves -------------------------------------------------------------
     @property
     def is_running(self) -> bool:
         return self.core is not None and self._accepting
 
+    def _require_parts(self) -> EngineParts:
+        if self.parts is None:
+            raise EngineError("the engine is not started")
+        return self.parts
+
+    @property
+    def runner(self) -> StepRunner:
+        return self._require_parts().runner
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._require_parts().tokenizer
+
+    @property
+    def model_dir(self) -> Path | None:
+        return self.parts.model_dir if self.parts is not None else None
+
     @property
     def max_model_len(self) -> int:
-        if self.runner is None:
-            raise EngineError("the engine is not started")
-        return self.runner.max_model_len
+        return self._require_parts().runner.max_model_len
 
-    # ----- requests ---------------------------------------------------------------------------
-    def encode(self, prompt: str | None = None, messages: list[dict] | None = None,
-               token_ids: Sequence[int] | None = None) -> list[int]:
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids are valid in ``[0, vocab_size)``; None when the tokenizer does not say."""
+        tok = self._require_parts().tokenizer
+        return len(tok) if hasattr(tok, "__len__") else None  # type: ignore[arg-type]
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._require_parts().assembler is not None
+
+    # ----- prompts ----------------------------------------------------------------------------
+    def encode_text(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        """Token ids of raw text under the project's one rule (``prompt.encode_text``:
+        special tokens added unless ``add_special_tokens`` is False). Blocking but fast; call
+        it in a thread for very long texts."""
+        return encode_text(self._require_parts().tokenizer, text, add_special_tokens)
+
+    def check_token_ids(self, ids: Sequence[int], param: str = "prompt") -> list[int]:
+        """``ids`` as a list of ints; :class:`InvalidParameter` when empty or outside the
+        vocabulary."""
+        out = [int(t) for t in ids]
+        if not out:
+            raise InvalidParameter(param, "the prompt is empty")
+        vocab = self.vocab_size
+        if vocab is not None and not all(0 <= t < vocab for t in out):
+            raise InvalidParameter(param, f"token ids must be in [0, {vocab})")
+        return out
+
+    async def assemble(self, messages: Sequence[Any], tools: list[Any] | None = None, *,
+                       add_generation_prompt: bool = True,
+                       namespace: str | None = None) -> AssembledPrompt:
+        """Normalize roles, render the chat template (tools included) and tokenize, through
+        the assembly cache, off the loop; the outcome is counted under ``namespace``.
+
+        Raises ``PromptError`` (a ``ValueError`` with ``param``: the server's 400) and
+        :class:`InvalidParameter` (``no_chat_template``) for an engine without a template.
+        """
+        assembler = self._require_parts().assembler
+        if assembler is None:
+            raise InvalidParameter("messages", "this engine has no chat template; use "
+                                   "/v1/completions", code="no_chat_template")
+        prompt = await asyncio.to_thread(assembler.assemble, list(messages), tools or None,
+                                         add_generation_prompt)
+        if self.observer is not None:
+            self.observer.on_assembly(namespace or DEFAULT_NAMESPACE, prompt.cache_outcome)
+        return prompt
+
+    async def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None,
+                         token_ids: Sequence[int] | None = None, *,
+                         tools: list[Any] | None = None,
+                         namespace: str | None = None) -> list[int]:
         """Token ids of exactly one of: raw text, chat messages (the model's template), ids."""
         given = [x is not None for x in (prompt, messages, token_ids)]
         if sum(given) != 1:
             raise InvalidParameter("prompt", "give exactly one of prompt, messages, token_ids")
         if token_ids is not None:
-            ids = [int(t) for t in token_ids]
-        elif messages is not None:
-            if self._encode_messages is None:
-                raise InvalidParameter("messages", "this engine has no chat template")
-            ids = list(self._encode_messages(messages))
+            return self.check_token_ids(token_ids)
+        if messages is not None:
+            ids = list((await self.assemble(messages, tools, namespace=namespace)).token_ids)
         else:
-            ids = list(self.tokenizer.encode(prompt, add_special_tokens=False))
+            assert prompt is not None
+            ids = self.encode_text(prompt)
         if not ids:
             raise InvalidParameter("prompt", "the prompt is empty")
         return ids
 
+    # ----- requests ---------------------------------------------------------------------------
     async def generate(self, prompt: str | None = None, params: SamplingParams | None = None,
                        *, messages: list[dict] | None = None,
-                       token_ids: Sequence[int] | None = None, request_id: str | None = None,
+                       token_ids: Sequence[int] | None = None, tools: list[Any] | None = None,
+                       request_id: str | None = None,
                        namespace: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream the outputs of one request. Leaving the loop early aborts it."""
-        req = self.add_request(self.encode(prompt, messages, token_ids), params,
-                               request_id=request_id, namespace=namespace)
+        ids = await self.prompt_ids(prompt, messages, token_ids, tools=tools,
+                                    namespace=namespace)
+        req = self.add_request(ids, params, request_id=request_id, namespace=namespace)
         done = False
         try:
             while not done:
@@ -224,7 +311,10 @@ class AsyncEngine:
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None,
                     namespace: str | None = None) -> EngineRequest:
-        """Queue a request whose outputs arrive on ``request.queue``; checks limits first."""
+        """Queue a request whose outputs arrive on ``request.queue``; checks limits first.
+
+        Raises :class:`InvalidParameter` (``context_length_exceeded``), :class:`QueueFullError`
+        and :class:`EngineError` (not running)."""
         core = self._require_core()
         params = params or SamplingParams()
         max_len = core.runner.max_model_len
@@ -250,8 +340,14 @@ class AsyncEngine:
         self._wake.set()
         return req
 
+    def abort(self, request_id: str) -> bool:
+        """Abort a request; its blocks are released at once. False if not in flight."""
+        return self.core is not None and self.core.abort(request_id)
+
+    # ----- the prefix cache -------------------------------------------------------------------
     async def warm(self, prompt: str | None = None, *, messages: list[dict] | None = None,
-                   token_ids: Sequence[int] | None = None, namespace: str | None = None,
+                   token_ids: Sequence[int] | None = None, tools: list[Any] | None = None,
+                   namespace: str | None = None,
                    pin_ttl_s: float | None = None) -> WarmResult:
         """Prefill a prompt into the prefix cache without answering it; optionally pin it.
 
@@ -263,8 +359,8 @@ class AsyncEngine:
         """
         if pin_ttl_s is not None and pin_ttl_s <= 0:
             raise InvalidParameter("pin_ttl_s", "pin_ttl_s must be a positive number of seconds")
-        ids = self.encode(prompt, messages, token_ids)
         ns = namespace or DEFAULT_NAMESPACE
+        ids = await self.prompt_ids(prompt, messages, token_ids, tools=tools, namespace=ns)
         core = self._require_core()
         before = core.cache.probe(ns, ids)
         req = self.add_request(ids, SamplingParams(max_tokens=1, ignore_eos=True),
@@ -282,11 +378,64 @@ class AsyncEngine:
         pin = req.pin.to_dict(cache.now(), cache.block_size) if req.pin is not None else None
         return WarmResult(ns, len(ids), cache.probe(ns, ids), before, pin, req.pin_error)
 
-    def abort(self, request_id: str) -> bool:
-        """Abort a request; its blocks are released at once. False if not in flight."""
-        return self.core is not None and self.core.abort(request_id)
+    def cache_namespaces(self) -> list[str]:
+        """Every namespace with figures or cached blocks."""
+        core, observer = self._require_core(), self.observer
+        assert observer is not None
+        return sorted(set(observer.namespaces()) | set(core.cache.tree.stats()))
+
+    def cache_stats(self, namespaces: Sequence[str] | None = None,
+                    top: int = 10) -> dict[str, Any]:
+        """The ``/cache/stats`` document (see ``CacheObserver.snapshot``) for ``namespaces``
+        (default: every one); ``top`` divergence points per namespace."""
+        core, observer = self._require_core(), self.observer
+        assert observer is not None
+        names = self.cache_namespaces() if namespaces is None else list(namespaces)
+        return observer.snapshot(core.cache, running=len(core.scheduler.running),
+                                 waiting=len(core.scheduler.waiting), namespaces=names, top=top)
+
+    def reset_cache(self, namespace: str | None = None) -> CacheResetResult:
+        """Drop the cached blocks, operator pins, figures and divergence sample of one
+        namespace (None: every namespace).
+
+        The one busy rule: refused with :class:`NamespaceBusyError`, changing nothing, while a
+        request of that namespace (any, for None) is in flight -- queued ones included.
+        """
+        core, observer = self._require_core(), self.observer
+        assert observer is not None
+        busy = sorted({r.namespace for r in core.requests.values()
+                       if namespace is None or r.namespace == namespace})
+        if busy:
+            raise NamespaceBusyError(busy)
+        unpinned = len(core.cache.pins_of(namespace))
+        freed = core.cache.reset(namespace)  # no request holds blocks there: checked above
+        for ns in [namespace] if namespace is not None else observer.namespaces():
+            observer.forget(ns)
+        return CacheResetResult(namespace, freed, unpinned)
+
+    # ----- figures ----------------------------------------------------------------------------
+    def load(self) -> EngineLoad:
+        """Requests in flight, the scheduler's queues and the KV pool by state."""
+        core = self._require_started_core()
+        s = core.scheduler
+        return EngineLoad(len(core.requests), len(s.running), len(s.waiting), core.cache.usage())
+
+    def check_integrity(self) -> None:
+        """Check every KV cache invariant (raises ``IntegrityError``); for tests and soaks."""
+        self._require_started_core().cache.check_integrity()
+
+    def metrics_text(self) -> bytes:
+        """Prometheus text exposition, queue and KV-pool gauges refreshed now."""
+        if self.core is not None:
+            self.core.update_gauges()
+        return self.metrics.exposition()
 
     # ----- loops ------------------------------------------------------------------------------
+    def _require_started_core(self) -> EngineCore:
+        if self.core is None:
+            raise EngineError("the engine is not started")
+        return self.core
+
     def _require_core(self) -> EngineCore:
         if self.core is None or not self._accepting:
             raise EngineError("the engine is not running (starting up or shutting down)")
@@ -301,14 +450,14 @@ class AsyncEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch, steps, rows = core.plan_step()
-            if not batch.entries:
+            batch = core.plan_step()
+            if not batch.steps:
                 await asyncio.sleep(0)
                 continue
             t0 = time.perf_counter()
             try:
                 results = await loop.run_in_executor(self._executor, core.runner.execute,
-                                                     steps, rows)
+                                                     batch.steps)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - any runner failure fails this step only

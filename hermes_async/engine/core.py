@@ -10,26 +10,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
 from hermes_async.cache.manager import KVCacheManager
 from hermes_async.cache.pins import PinLimitError
 from hermes_async.config import EngineConfig
+from hermes_async.engine.parts import OutputTextFactory
 from hermes_async.engine.request import (
     EngineRequest,
     RequestOutput,
     Sequence,
     TokenLogprob,
 )
-from hermes_async.engine.runner_protocol import SampledToken, SampleRow, StepRunner
 from hermes_async.engine.scheduler import ScheduledBatch, Scheduler
 from hermes_async.metrics import EngineMetrics
-from hermes_async.types import FinishReason, SequenceStep
+from hermes_async.observe.cache_observer import CacheObserver
+from hermes_async.step import SampledToken, SamplingRequest, StepRunner, min_tokens_ban
+from hermes_async.types import FinishReason
 
 log = logging.getLogger("hermes_async.engine")
-
-OutputTextFactory = Callable[[list[int], tuple[str, ...]], Any]
 
 
 class EngineCore:
@@ -37,29 +35,28 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, runner: StepRunner, eos_token_ids: frozenset[int],
                  output_text: OutputTextFactory, metrics: EngineMetrics,
-                 observer: Any = None) -> None:
+                 observer: CacheObserver) -> None:
         self.config = config
         self.runner = runner
         self.eos_token_ids = eos_token_ids
         self.output_text = output_text
         self.metrics = metrics
-        self.observer = observer  # hermes_async.observe.CacheObserver, or None
+        self.observer = observer
         self.cache = KVCacheManager.from_config(config.cache, runner.num_blocks,
                                                 runner.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.cache)
+        self.scheduler = Scheduler(config.scheduler, self.cache, self._sampling_request)
         self.requests: dict[str, EngineRequest] = {}
-        self._evicted_seen = 0
 
     # ----- requests -------------------------------------------------------------------------
     def add(self, req: EngineRequest) -> None:
         """Register a validated request and queue its sequences."""
         for i in range(req.params.n):
             seq_id = req.request_id if req.params.n == 1 else f"{req.request_id}#{i}"
-            state = None  # unseeded sequences draw from the sampler's shared stream
+            generator = None  # unseeded sequences draw from the sampler's shared stream
             if req.params.seed is not None:
-                state = self.runner.new_sampler_state(req.params.seed, i)
+                generator = self.runner.new_generator(req.params.seed, i)
             seq = Sequence(seq_id, req, i, list(req.prompt_ids), len(req.prompt_ids),
-                           self.output_text(req.prompt_ids, req.params.stop), state)
+                           self.output_text(req.prompt_ids, req.params.stop), generator)
             req.sequences.append(seq)
             self.scheduler.add(seq)
         self.requests[req.request_id] = req
@@ -71,49 +68,46 @@ class EngineCore:
         req = self.requests.get(request_id)
         if req is None:
             return False
-        req.aborted = True
         for seq in req.sequences:
             if not seq.is_finished:
                 self._finish(seq, FinishReason.ABORT, "")
         return True
 
     # ----- one step -------------------------------------------------------------------------
-    def plan_step(self) -> tuple[ScheduledBatch, list[SequenceStep], list[SampleRow | None]]:
+    def plan_step(self) -> ScheduledBatch:
+        """The next step: ``batch.steps`` is the runner's input as it is."""
         batch = self.scheduler.schedule()
         if batch.num_preempted:
             self.metrics.preemptions.inc(batch.num_preempted)
-        if not batch.entries:
+        if not batch.steps:
             stuck = self.scheduler.pop_unfittable()
             if stuck is not None:  # alone and still no room: the pool is too small for it
                 self._fail_request(stuck.request, "the KV cache is too small for this request",
                                    "kv_cache_too_small")
         for seq in batch.first_admissions:
             self._record_admission(seq)
-        steps, rows = [], []
-        for e in batch.entries:
-            steps.append(SequenceStep(e.block_table, e.start_pos, e.token_ids))
-            rows.append(self._sample_row(e.seq) if e.completes_prompt else None)
         self.update_gauges()
-        return batch, steps, rows
+        return batch
 
     def finish_step(self, batch: ScheduledBatch, results: list[SampledToken | None],
                     seconds: float) -> None:
         """Apply a step's sampled tokens: detokenize, stop checks, outputs, releases."""
         self.metrics.step_seconds.observe(seconds)
         self.metrics.step_tokens.observe(batch.num_tokens)
-        self.metrics.step_seqs.observe(len(batch.entries))
+        self.metrics.step_seqs.observe(len(batch.steps))
         tokens = [None if r is None else r.token_id for r in results]
-        by_entry = dict(zip((id(e) for e in batch.entries), results, strict=True))
         now = time.monotonic()
-        for entry in self.scheduler.update_from_output(batch, tokens):
-            self._on_token(entry.seq, by_entry[id(entry)], now)
+        for i in self.scheduler.update_from_output(batch, tokens):
+            sampled = results[i]
+            assert sampled is not None
+            self._on_token(batch.seqs[i], sampled, now)
         self.update_gauges()
 
     def fail_step(self, batch: ScheduledBatch, error: BaseException) -> None:
         """A forward raised: fail the requests of this step only; the loop goes on."""
-        log.exception("forward step failed; failing %d sequence(s)", len(batch.entries),
+        log.exception("forward step failed; failing %d sequence(s)", len(batch.seqs),
                       exc_info=error)
-        for req in {id(e.seq.request): e.seq.request for e in batch.entries}.values():
+        for req in {id(seq.request): seq.request for seq in batch.seqs}.values():
             self._fail_request(req, f"model execution failed: {error}", "engine_error")
 
     def background(self) -> None:
@@ -128,26 +122,21 @@ class EngineCore:
             self.metrics.pruned_nodes.inc(pruned)
 
     # ----- internals --------------------------------------------------------------------------
-    def _sample_row(self, seq: Sequence) -> SampleRow:
+    def _sampling_request(self, seq: Sequence) -> SamplingRequest:
         p = seq.request.params
-        banned: frozenset[int] = frozenset()
-        if seq.num_output_tokens < p.min_tokens:
-            banned = frozenset(p.stop_token_ids)
-            if not p.ignore_eos:
-                banned |= self.eos_token_ids
+        banned = min_tokens_ban(p, seq.num_output_tokens, self.eos_token_ids)
         prompt = seq.tokens[:seq.num_prompt_tokens] if p.repetition_penalty != 1.0 else ()
         output = seq.output_ids if (p.repetition_penalty != 1.0 or p.frequency_penalty
                                     or p.presence_penalty) else ()
-        return SampleRow(p, prompt, output, seq.sampler_state, banned)
+        return SamplingRequest(p, prompt, output, seq.generator, banned)
 
     def _record_admission(self, seq: Sequence) -> None:
+        """A first admission: the one place prefix-cache hits are counted (the observer's
+        figures feed both ``/metrics`` and ``/cache/stats``)."""
         ns = seq.request.namespace
         matched = seq.cached_tokens or 0
-        self.metrics.prefix_queries.labels(ns).inc(seq.num_prompt_tokens)
-        self.metrics.prefix_hits.labels(ns).inc(matched)
         self.metrics.prefix_matched.labels(ns).observe(matched)
-        if self.observer is not None:
-            self.observer.on_admission(ns, seq.tokens[:seq.num_prompt_tokens], matched)
+        self.observer.on_admission(ns, seq.tokens[:seq.num_prompt_tokens], matched)
         log.debug("request %s admitted: start_position=%d of %d prompt tokens", seq.seq_id,
                   matched, seq.num_prompt_tokens)
 
@@ -225,4 +214,5 @@ class EngineCore:
         m.kv_blocks_total.set(usage.total)
         m.kv_blocks_free.set(usage.free)
         m.kv_blocks_cached.set(usage.cached)
-        m.kv_blocks_pinned.set(usage.pinned)
+        m.kv_blocks_referenced.set(usage.referenced)
+        m.kv_blocks_pinned.set(usage.operator_pinned)

@@ -8,7 +8,7 @@ than a stop string (EOS, a stop token id, ``max_tokens``, abort). Each call retu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from hermes_async.engine.detokenizer import IncrementalDetokenizer
@@ -109,3 +109,12 @@ class OutputText:
         delta = self._emit(check.text, check.stopped, check.stop)
         self._finished = True
         return delta
+
+
+def output_text_factory(tokenizer: Any) -> Callable[[list[int], tuple[str, ...]], OutputText]:
+    """Per-sequence :class:`OutputText` over ``tokenizer`` (the engine's default)."""
+
+    def make(prompt_ids: list[int], stops: tuple[str, ...]) -> OutputText:
+        return OutputText(tokenizer, prompt_ids, stops)
+
+    return make

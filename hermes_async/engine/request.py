@@ -6,11 +6,13 @@ schedules and what the KV cache manager holds blocks for (under ``seq_id``).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
+from hermes_async.cache.pins import Pin
+from hermes_async.engine.output_text import OutputText
 from hermes_async.types import FinishReason, SamplingParams
 
 
@@ -72,13 +74,12 @@ class Sequence:
     index: int
     tokens: list[int]
     num_prompt_tokens: int
-    output_text: Any  # engine.output_text.OutputText: detokenizer + stop strings
-    sampler_state: Any  # opaque, from the runner (per-sequence RNG)
+    output_text: OutputText  # detokenizer + stop strings
+    generator: object | None  # the runner's random stream of a seeded sequence (opaque)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed: int = 0  # tokens whose KV is in the pool
     admit_order: int = -1  # set on each admission; larger = more recent
     cached_tokens: int | None = None  # matched length at first admission
-    num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -104,13 +105,12 @@ class EngineRequest:
     namespace: str
     prompt_ids: list[int]
     params: SamplingParams
-    queue: Any  # asyncio.Queue[RequestOutput]
+    queue: asyncio.Queue[RequestOutput]
     arrival_time: float = field(default_factory=time.monotonic)
     sequences: list[Sequence] = field(default_factory=list)
-    aborted: bool = False
     error: str | None = None
     pin_ttl_s: float | None = None  # a warm-up request: pin its cached prompt on finish
-    pin: Any = None  # the hermes_async.cache.pins.Pin it got, if any
+    pin: Pin | None = None  # the operator pin it got, if any
     pin_error: str | None = None  # why pinning was refused (the pin cap)
 
     @property

@@ -23,26 +23,15 @@ from dataclasses import dataclass, field
 from hermes_async.cache.manager import KVCacheManager
 from hermes_async.config import SchedulerConfig
 from hermes_async.engine.request import Sequence, SequenceStatus
-
-
-@dataclass(frozen=True)
-class ScheduledSequence:
-    """One sequence's share of a step: compute ``token_ids`` starting at ``start_pos``."""
-
-    seq: Sequence
-    start_pos: int
-    token_ids: tuple[int, ...]
-    block_table: tuple[int, ...]
-
-    @property
-    def completes_prompt(self) -> bool:
-        """True when this chunk reaches the sequence's last token: its logits are sampled."""
-        return self.start_pos + len(self.token_ids) == len(self.seq.tokens)
+from hermes_async.step import SamplingRequest, SequenceStep
 
 
 @dataclass
 class ScheduledBatch:
-    entries: list[ScheduledSequence] = field(default_factory=list)
+    """One step's plan: ``steps[i]`` is what ``seqs[i]`` computes (the runner's input as is)."""
+
+    steps: list[SequenceStep] = field(default_factory=list)
+    seqs: list[Sequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_preempted: int = 0
@@ -53,13 +42,18 @@ class ScheduledBatch:
         return self.num_prefill_tokens + self.num_decode_tokens
 
 
+SamplingFor = Callable[[Sequence], SamplingRequest]
+"""The sampling inputs of a sequence whose step reaches its last token (from the engine core)."""
+
+
 class Scheduler:
     """Waiting queue, running set and the per-step packing over a :class:`KVCacheManager`."""
 
     def __init__(self, config: SchedulerConfig, cache: KVCacheManager,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 sampling_for: SamplingFor, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.cache = cache
+        self.sampling_for = sampling_for
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -94,7 +88,7 @@ class Scheduler:
         """Pick this step's work; the returned block tables are valid until the next call."""
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
-        chosen: dict[int, ScheduledSequence] = {}
+        chosen: dict[int, tuple[Sequence, SequenceStep]] = {}
         decodes = [s for s in self.running if len(s.tokens) - s.num_computed == 1]
         prefills = [s for s in self.running if len(s.tokens) - s.num_computed > 1]
         for seq in sorted(decodes, key=lambda s: s.admit_order) + prefills:
@@ -109,33 +103,34 @@ class Scheduler:
             budget -= n
         if not batch.num_preempted:
             budget = self._admit(budget, chosen, batch.first_admissions)
-        for entry in chosen.values():
-            if entry.seq.num_output_tokens > 0 and len(entry.token_ids) == 1:
+        for seq, step in chosen.values():
+            if step.is_decode:
                 batch.num_decode_tokens += 1
             else:
-                batch.num_prefill_tokens += len(entry.token_ids)
-            batch.entries.append(entry)
+                batch.num_prefill_tokens += step.num_new_tokens
+            batch.seqs.append(seq)
+            batch.steps.append(step)
         return batch
 
     def update_from_output(self, batch: ScheduledBatch,
-                           sampled: list[int | None]) -> list[ScheduledSequence]:
+                           sampled: list[int | None]) -> list[int]:
         """Record a finished step: advance computed lengths, cache newly full blocks, append
-        each sampled token. Returns the entries that got a new token (still running ones).
+        each sampled token. Returns the batch indices that got a new token (still running).
 
-        Entries whose sequence left the running set during the step (aborted) are skipped.
+        Steps whose sequence left the running set during the step (aborted) are skipped.
         """
         grown = []
-        for entry, token in zip(batch.entries, sampled, strict=True):
-            seq = entry.seq
+        bs = self.cache.block_size
+        for i, (seq, step, token) in enumerate(zip(batch.seqs, batch.steps, sampled,
+                                                   strict=True)):
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            seq.num_computed = entry.start_pos + len(entry.token_ids)
-            bs = self.cache.block_size
-            if seq.num_computed // bs > entry.start_pos // bs:  # a block filled up: cache it
+            seq.num_computed = step.context_len
+            if seq.num_computed // bs > step.start_pos // bs:  # a block filled up: cache it
                 self.cache.commit(seq.seq_id, seq.tokens[:seq.num_computed])
             if token is not None:
                 seq.tokens.append(token)
-                grown.append(entry)
+                grown.append(i)
         return grown
 
     def pop_unfittable(self) -> Sequence | None:
@@ -145,12 +140,16 @@ class Scheduler:
             return None
         return self.waiting.popleft()
 
-    def _entry(self, seq: Sequence, n: int) -> ScheduledSequence:
+    def _entry(self, seq: Sequence, n: int) -> tuple[Sequence, SequenceStep]:
         start = seq.num_computed
-        return ScheduledSequence(seq, start, tuple(seq.tokens[start:start + n]),
-                                 tuple(self.cache.block_table(seq.seq_id)))
+        completes = start + n == len(seq.tokens)  # reaches the last token: sample its logits
+        step = SequenceStep(tuple(self.cache.block_table(seq.seq_id)), start,
+                            tuple(seq.tokens[start:start + n]),
+                            self.sampling_for(seq) if completes else None)
+        return seq, step
 
-    def _make_room(self, seq: Sequence, num_tokens: int, chosen: dict[int, ScheduledSequence],
+    def _make_room(self, seq: Sequence, num_tokens: int,
+                   chosen: dict[int, tuple[Sequence, SequenceStep]],
                    batch: ScheduledBatch) -> bool:
         """Grow ``seq``'s blocks to ``num_tokens``, preempting newer sequences as needed.
         False when ``seq`` itself had to be preempted."""
@@ -168,11 +167,10 @@ class Scheduler:
         self.cache.release(seq.seq_id)
         seq.status = SequenceStatus.WAITING
         seq.num_computed = 0
-        seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def _admit(self, budget: int, chosen: dict[int, ScheduledSequence],
+    def _admit(self, budget: int, chosen: dict[int, tuple[Sequence, SequenceStep]],
                first: list[Sequence]) -> int:
         skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(chosen) < self.config.max_num_seqs:

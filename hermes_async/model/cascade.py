@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hermes_async.types import SequenceStep
+from hermes_async.step import SequenceStep
 
 MIN_SHARED_BLOCKS = 2
 MIN_GROUP = 2

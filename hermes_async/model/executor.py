@@ -1,19 +1,18 @@
-"""The engine's :class:`~hermes_async.engine.runner_protocol.StepRunner` over the model:
-one packed forward of :class:`ModelRunner`, then the batched :class:`Sampler` on the rows that
-asked for a token. Runs in the engine's worker thread; nothing here touches engine state.
+"""The engine's :class:`~hermes_async.step.StepRunner` over the model: one packed forward of
+:class:`ModelRunner`, then the batched :class:`Sampler` on the steps that carry a
+:class:`~hermes_async.step.SamplingRequest`. Runs in the engine's worker thread; nothing here
+touches engine state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
-from hermes_async.engine.runner_protocol import SampledToken, SampleRow
 from hermes_async.model.runner import ModelRunner
-from hermes_async.model.sampler import Sampler, SamplingRequest
-from hermes_async.types import SequenceStep
+from hermes_async.model.sampler import Sampler
+from hermes_async.step import SampledToken, SamplingRequest, SequenceStep
 
 
 class StepExecutor:
@@ -26,23 +25,17 @@ class StepExecutor:
         self.num_blocks = runner.num_blocks
         self.max_model_len = runner.max_model_len
 
-    def new_sampler_state(self, seed: int, stream: int) -> Any:
+    def new_generator(self, seed: int, stream: int) -> torch.Generator:
         return self.sampler.new_generator(seed, stream=stream)
 
     @torch.inference_mode()
-    def execute(self, steps: Sequence[SequenceStep],
-                rows: Sequence[SampleRow | None]) -> list[SampledToken | None]:
+    def execute(self, steps: Sequence[SequenceStep]) -> list[SampledToken | None]:
         logits = self.model_runner.forward(steps)
-        wanted = [i for i, r in enumerate(rows) if r is not None]
-        out: list[SampledToken | None] = [None] * len(rows)
+        wanted = [i for i, s in enumerate(steps) if s.sampling is not None]
+        out: list[SampledToken | None] = [None] * len(steps)
         if not wanted:
             return out
-        requests = []
-        for i in wanted:
-            r = rows[i]
-            assert r is not None
-            requests.append(SamplingRequest(r.params, r.prompt_ids, r.output_ids,
-                                            r.sampler_state, r.banned_token_ids))
+        requests: list[SamplingRequest] = [steps[i].sampling for i in wanted]  # type: ignore[misc]
         index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
         result = self.sampler.sample(logits.index_select(0, index), requests)
         for j, i in enumerate(wanted):

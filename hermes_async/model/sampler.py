@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -50,26 +49,9 @@ from hermes_async.model.logits_processors import (
     filtered_probs,
     select_rows,
 )
-from hermes_async.types import SamplingParams
+from hermes_async.step import SamplingRequest, min_tokens_ban
 
-
-@dataclass(frozen=True, slots=True)
-class SamplingRequest:
-    """One row of a sampling batch.
-
-    prompt_token_ids: the prompt (for the repetition penalty only; may be left empty otherwise).
-    output_token_ids: the tokens generated so far (repetition, frequency and presence penalties).
-    generator: the sequence's own random stream from :meth:`Sampler.new_generator`, advanced in
-        place by each non-greedy step; keep it with the sequence for its whole life (also across
-        preemption). ``None`` draws from the sampler's shared stream (not reproducible).
-    banned_token_ids: ids that must not be chosen this step (see :func:`min_tokens_ban`).
-    """
-
-    params: SamplingParams
-    prompt_token_ids: Sequence[int] = ()
-    output_token_ids: Sequence[int] = ()
-    generator: torch.Generator | None = None
-    banned_token_ids: frozenset[int] = frozenset()
+__all__ = ["SampleResult", "Sampler", "SamplingRequest", "min_tokens_ban"]
 
 
 class SampleResult(NamedTuple):
@@ -83,15 +65,6 @@ class SampleResult(NamedTuple):
     token_ids: list[int]
     logprobs: list[float | None] | None
     top_logprobs: list[list[tuple[int, float]] | None] | None
-
-
-def min_tokens_ban(params: SamplingParams, num_output_tokens: int,
-                   eos_token_ids: Iterable[int]) -> frozenset[int]:
-    """The ids to ban while a sequence has fewer than ``min_tokens`` output tokens: its
-    ``stop_token_ids`` and (unless ``ignore_eos``) the EOS ids, as vLLM does."""
-    if num_output_tokens >= params.min_tokens:
-        return frozenset()
-    return frozenset(params.stop_token_ids).union(() if params.ignore_eos else eos_token_ids)
 
 
 _Part = tuple[list[int], torch.Tensor, torch.Tensor]  # (rows, chosen ids, alive)

@@ -1,9 +1,12 @@
 """The figures behind ``GET /cache/stats``: hit rates since start and over the last minute,
 matched lengths, tree shape, pins and the dynamic-field detector's divergence points.
 
-The engine calls :meth:`CacheObserver.on_admission` once per request admission (the prefix
-cache's matched length) and the server calls :meth:`on_assembly` per chat prompt assembly;
-:meth:`snapshot` reads the KV cache manager for the rest. Everything runs on the engine's loop.
+The one statistics pipeline of the caches: the engine calls :meth:`CacheObserver.on_admission`
+once per sequence's first admission (the prefix cache's matched length) and
+:meth:`on_assembly` once per chat prompt assembly; each figure is counted here once, and both
+``/cache/stats`` (:meth:`snapshot`) and the Prometheus counters (:meth:`totals`, exported by
+``EngineMetrics.bind_cache_figures``) read it. :meth:`snapshot` reads the KV cache manager for
+the rest. Everything runs on the engine's loop.
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ class CacheObserver:
     def namespaces(self) -> list[str]:
         return sorted(self._figures)
 
+    def totals(self) -> dict[str, dict[str, dict[str, float]]]:
+        """Per namespace, the prefix and assembly counters since start (or since its last
+        reset): ``{ns: {"prefix": {...}, "assembly": {...}}}``."""
+        return {ns: {"prefix": dict(f.prefix), "assembly": dict(f.assembly)}
+                for ns, f in self._figures.items()}
+
     # ----- the /cache/stats document ----------------------------------------------------------
     def snapshot(self, cache: KVCacheManager, *, running: int, waiting: int,
                  namespaces: Iterable[str] | None = None, top: int = 10) -> dict[str, Any]:
@@ -85,8 +94,10 @@ class CacheObserver:
             st = tree_stats.get(ns)
             div = self.detector.report(ns, top)
             per_ns[ns] = {
-                "blocks": {"cached": (st.blocks - st.pinned_blocks) if st else 0,
-                           "pinned": st.pinned_blocks if st else 0},
+                "blocks": {"cached": (st.blocks - st.referenced_blocks) if st else 0,
+                           "referenced": st.referenced_blocks if st else 0,
+                           "pinned": len({nd.node_id for p in cache.pins_of(ns)
+                                     for nd in p.path()})},
                 **tree_shape(cache.tree, ns),
                 "prefix": prefix_figures(f.prefix, prefix_w),
                 "assembly": assembly_figures(f.assembly, asm_w),
@@ -105,9 +116,10 @@ class CacheObserver:
             "window_s": self.window_s,
             "engine": {"running": running, "waiting": waiting},
             "blocks": {"total": usage.total, "free": usage.free, "cached": usage.cached,
-                       "pinned": usage.pinned, "private": usage.private,
+                       "referenced": usage.referenced, "private": usage.private,
+                       "pinned": usage.operator_pinned,
                        "used_fraction": round(usage.used_fraction, 4),
-                       "active_fraction": round((usage.pinned + usage.private) / usage.total,
+                       "active_fraction": round((usage.referenced + usage.private) / usage.total,
                                                 4)},
             "totals": {"prefix": prefix_figures(tot_prefix, tot_prefix_w),
                        "assembly": assembly_figures(tot_asm, tot_asm_w)},

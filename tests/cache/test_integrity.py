@@ -36,15 +36,16 @@ CORRUPTIONS: dict[str, tuple[Callable[[KVCacheManager], object], str]] = {
         lambda m: m._requests["r2"].block_table.append(m._requests["r1"].block_table[-1]),
         "private to"),
     "private block freed": (lambda m: m.pool.free([m.block_table("r1")[-1]]), "also free"),
-    "ref count off": (lambda m: setattr(node(m, 1, 2), "ref_count", 1), "fewer pins|requests pin"),
+    "ref count off": (lambda m: setattr(node(m, 1, 2), "ref_count", 1),
+                      "fewer references|holders reference"),
     "extra pin on a path": (lambda m: [setattr(n, "ref_count", n.ref_count + 1)
-                                       for n in (node(m, 1), node(m, 1, 2))], "requests pin"),
+                                       for n in (node(m, 1), node(m, 1, 2))], "holders reference"),
     "evictable leaf missing": (lambda m: m.tree._lru.discard(node(m, 1, 3)), "evictable"),
     "pinned leaf evictable": (lambda m: m.tree._lru.add(node(m, 1, 2)), "evictable"),
     "child key wrong": (lambda m: setattr(node(m, 1, 3), "token_ids", (9,) * BS), "child key"),
     "namespace gauge": (lambda m: setattr(m.tree._stats["ns"], "blocks", 7), "namespace"),
     "stale lru time": (lambda m: setattr(node(m, 1, 3), "last_access_time", -5), "stale"),
-    "table not the path": (lambda m: m._requests["r1"].block_table.reverse(), "pinned path"),
+    "table not the path": (lambda m: m._requests["r1"].block_table.reverse(), "referenced path"),
 }
 
 

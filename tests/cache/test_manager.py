@@ -165,7 +165,7 @@ def test_reset_refuses_while_pinned() -> None:
     m = make()
     m.admit("r1", "ns", toks(1, tail=1))
     m.commit("r1", toks(1, tail=1))
-    with pytest.raises(CacheError, match="pinned"):
+    with pytest.raises(CacheError, match="referenced"):
         m.reset()
     assert m.reset("other") == 0
     m.release("r1")

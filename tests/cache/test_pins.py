@@ -74,7 +74,7 @@ def test_pinning_the_same_path_twice_refreshes_one_pin() -> None:
     wall.now = 3.0
     again = run(m, "b", "ns", system, pin_ttl=5.0)
     assert len(m.pins_of("ns")) == 1 and again.expires_at == 8.0
-    assert m.usage().pinned == 2  # one reference, not two
+    assert m.usage().referenced == 2  # one reference, not two
     m.check_integrity()
 
 
@@ -108,7 +108,7 @@ def test_reset_drops_pins_but_refuses_while_a_request_runs_there() -> None:
     run(m, "b", "other", toks(1, 2, tail=1), pin_ttl=10)
     run(m, "c", "ns", toks(5, 6, tail=1))
     assert m.admit("busy", "ns", toks(5, 6, tail=1)) is not None  # pins the cached (5, 6)
-    with pytest.raises(CacheError, match="pinned blocks in"):
+    with pytest.raises(CacheError, match="referenced blocks in"):
         m.reset("ns")
     assert len(m.pins_of()) == 2  # nothing changed
     m.release("busy")

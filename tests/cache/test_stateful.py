@@ -155,7 +155,7 @@ class CacheMachine(RuleBasedStateMachine):
             assert self.sut.num_cached_tokens(rid) == r.cached * BS
             assert len(self.sut.block_table(rid)) == r.table_len
         stats = self.sut.stats().namespaces.values()
-        assert sum(s.fork_limit_all_pinned for s in stats) == self.ref.all_pinned_events
+        assert sum(s.fork_limit_all_referenced for s in stats) == self.ref.all_pinned_events
 
 
 CacheMachine.TestCase.settings = settings(

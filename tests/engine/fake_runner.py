@@ -14,8 +14,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hermes_async.engine.runner_protocol import SampledToken, SampleRow
-from hermes_async.types import SequenceStep
+from hermes_async.step import SampledToken, SequenceStep
 
 VOCAB = 1000
 EOS = 2
@@ -54,11 +53,10 @@ class FakeRunner:
         self.steps = 0
         self.failures = 0
 
-    def new_sampler_state(self, seed: int, stream: int) -> None:
+    def new_generator(self, seed: int, stream: int) -> None:
         return None
 
-    def execute(self, steps: Sequence[SequenceStep],
-                rows: Sequence[SampleRow | None]) -> list[SampledToken | None]:
+    def execute(self, steps: Sequence[SequenceStep]) -> list[SampledToken | None]:
         self.steps += 1
         scheduled = self.fail_every and self.steps % self.fail_every == self.fail_every // 2
         if scheduled or (self.fail_rate and self.rng.random() < self.fail_rate):
@@ -66,7 +64,8 @@ class FakeRunner:
             raise StepFailure("injected runner failure")
         bs = self.block_size
         out: list[SampledToken | None] = []
-        for step, row in zip(steps, rows, strict=True):
+        for step in steps:
+            row = step.sampling
             assert step.context_len <= len(step.block_table) * bs
             ctx = []
             for pos in range(step.start_pos):

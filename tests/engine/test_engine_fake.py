@@ -39,7 +39,7 @@ def assert_idle(engine: AsyncEngine) -> None:
     assert not core.scheduler.running and not core.scheduler.waiting
     assert not core.requests
     usage = core.cache.usage()
-    assert usage.pinned == 0 and usage.private == 0
+    assert usage.referenced == 0 and usage.private == 0
     core.cache.check_integrity()
 
 
@@ -101,8 +101,8 @@ async def test_n_sequences_share_the_prompt_blocks():
         ref = reference_tokens(prompt, 10)
         assert all(v == ref for v in ids_by_index.values())
         assert last.usage.completion_tokens == 30
-        stats = engine.core.cache.stats().namespaces["default"]
-        assert stats.hit_tokens >= 2 * 32  # siblings matched the prompt's 8 full blocks
+        stats = engine.cache_stats()["namespaces"]["default"]["prefix"]
+        assert stats["hit_tokens"] >= 2 * 32  # siblings matched the prompt's 8 full blocks
         assert_idle(engine)
 
 
@@ -125,7 +125,7 @@ async def test_breaking_out_aborts_and_releases():
         prompt = list(range(300, 340))
         gen = engine.generate(token_ids=prompt, params=greedy(200))
         async for _out in gen:
-            assert engine.core.cache.usage().pinned + engine.core.cache.usage().private > 0
+            assert engine.core.cache.usage().referenced + engine.core.cache.usage().private > 0
             break
         await gen.aclose()
         assert_idle(engine)
@@ -197,4 +197,4 @@ async def test_stop_aborts_in_flight_and_leaves_cache_consistent():
     ids, _, outs = await task
     assert outs[-1].finish_reason is FinishReason.ABORT
     core.cache.check_integrity()
-    assert core.cache.usage().pinned == 0
+    assert core.cache.usage().referenced == 0

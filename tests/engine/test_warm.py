@@ -47,7 +47,7 @@ async def test_warm_prefills_without_answering_and_later_requests_hit() -> None:
         assert outs[-1].usage.cached_tokens == 12
         again = await engine.warm(token_ids=SYSTEM, namespace="t")
         assert again.already_cached_tokens == 12
-        assert not engine.core.requests and engine.core.cache.usage().pinned == 0
+        assert not engine.core.requests and engine.core.cache.usage().referenced == 0
 
 
 async def test_pinned_warm_survives_an_eviction_storm_until_its_ttl() -> None:
@@ -69,15 +69,15 @@ async def test_pin_over_the_cap_is_refused_but_the_prompt_is_cached() -> None:
     async with make_engine(max_pinned_fraction=0.1) as engine:  # 2 of 24 blocks
         res = await engine.warm(token_ids=SYSTEM, pin_ttl_s=60)
         assert res.pin is None and "max_pinned_blocks" in (res.pin_error or "")
-        assert res.cached_tokens == 12 and engine.core.cache.usage().pinned == 0
+        assert res.cached_tokens == 12 and engine.core.cache.usage().referenced == 0
 
 
 async def test_config_warm_prompts_run_at_start() -> None:
     engine = make_engine()
     cfg = engine.config.replace(cache={"warm": [{"prompt": "ignored", "pin_ttl_s": 30}]})
     engine.config = cfg
-    engine.encode = lambda prompt=None, messages=None, token_ids=None: (  # type: ignore
-        list(SYSTEM) if prompt == "ignored" else list(token_ids or []))
+    engine.encode_text = lambda text, add_special_tokens=None: (  # type: ignore
+        list(SYSTEM) if text == "ignored" else [])
     async with engine:
         assert engine.core.cache.probe("default", SYSTEM) == 12
         (pin,) = engine.core.cache.pins_of("default")

@@ -7,7 +7,7 @@ import torch
 
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.runner import ModelRunner
-from hermes_async.types import SequenceStep
+from hermes_async.step import SequenceStep
 from tests.model.conftest import device_under_test
 from tests.model.test_runner_parity import greedy_with_runner
 

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from hermes_async.types import SequenceStep
+from hermes_async.step import SequenceStep
 from tests.model.conftest import BlockAllocator, make_runner
 
 TOL = 1e-3

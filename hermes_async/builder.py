@@ -1,0 +1,61 @@
+"""The builder: puts a model, its tokenizer and prompt assembly behind an engine.
+
+The one place that wires ``hermes_async.model`` (torch) to ``hermes_async.engine`` (which never
+imports it). :func:`build_parts` resolves the model directory (the embedded default when
+unset), loads the tokenizer, the runner with its sampler and the chat assembler, and returns
+typed :class:`~hermes_async.engine.parts.EngineParts`. :class:`AsyncEngine` is the engine with
+this builder as its loader: the public ``hermes_async.AsyncEngine``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hermes_async.config import EngineConfig
+from hermes_async.engine.async_engine import AsyncEngine as _EngineBase
+from hermes_async.engine.parts import EngineParts, PartsLoader
+
+
+def eos_ids_of(model_dir: Path, tokenizer: Any) -> frozenset[int]:
+    """EOS ids from the generation config (an int or a list), else the tokenizer's."""
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
+    except OSError:  # no generation_config.json
+        eos = None
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+def build_parts(config: EngineConfig) -> EngineParts:
+    """Load everything an engine runs on for ``config`` (blocking: seconds)."""
+    from transformers import AutoTokenizer
+
+    from hermes_async.engine.output_text import output_text_factory
+    from hermes_async.model.default_model import resolve_model_path
+    from hermes_async.model.executor import StepExecutor
+    from hermes_async.model.runner import ModelRunner
+    from hermes_async.prompt import AssemblyCache, PromptAssembler
+
+    model_dir = resolve_model_path(config.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model_runner = ModelRunner(model_dir, config.model, config.cache)
+    assembler = PromptAssembler(tokenizer, cache=AssemblyCache(), model_id=str(model_dir))
+    return EngineParts(StepExecutor(model_runner), tokenizer, eos_ids_of(model_dir, tokenizer),
+                       output_text_factory(tokenizer), assembler, model_dir,
+                       getattr(model_runner, "dtype_reason", None))
+
+
+class AsyncEngine(_EngineBase):
+    """The engine with the default builder: ``AsyncEngine(EngineConfig())`` loads the model
+    of ``config.model.path`` (the embedded SmolLM2-135M-Instruct when unset) at ``start()``.
+    Injected parts (``runner=``, ``tokenizer=``, ...) or another ``loader=`` take precedence."""
+
+    def __init__(self, config: EngineConfig | None = None, *,
+                 loader: PartsLoader | None = None, **kwargs: Any) -> None:
+        super().__init__(config, loader=loader or build_parts, **kwargs)

@@ -1,0 +1,54 @@
+"""What an :class:`~hermes_async.engine.async_engine.AsyncEngine` is built from.
+
+The engine never loads a model itself: a builder (``hermes_async.builder.build_parts`` for the
+Llama-family runner, or a test's fakes) hands it an :class:`EngineParts`. The engine depends on
+these protocols only, never on ``hermes_async.model``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from hermes_async.config import EngineConfig
+from hermes_async.step import StepRunner
+
+if TYPE_CHECKING:
+    from hermes_async.engine.output_text import OutputText
+    from hermes_async.prompt import PromptAssembler
+
+
+class Tokenizer(Protocol):
+    """The tokenizer calls the engine and its front ends make (a transformers tokenizer)."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+OutputTextFactory = Callable[[list[int], tuple[str, ...]], "OutputText"]
+"""``(prompt_ids, stop_strings) -> OutputText``: one per generated sequence."""
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    """A runner with its tokenizer, EOS ids, output-text factory and (optional) chat assembler.
+
+    ``assembler`` None: the engine takes raw text and token ids only (no chat messages).
+    ``model_dir`` is reported by ``/v1/models``; ``dtype_reason`` says which dtype the runner
+    picked and why (the start-up line).
+    """
+
+    runner: StepRunner
+    tokenizer: Tokenizer
+    eos_token_ids: frozenset[int]
+    output_text: OutputTextFactory
+    assembler: PromptAssembler | None = None
+    model_dir: Path | None = None
+    dtype_reason: str | None = None
+
+
+PartsLoader = Callable[[EngineConfig], EngineParts]
+"""Builds the parts for a config; blocking (the engine calls it in its worker thread)."""

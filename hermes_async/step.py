@@ -1,0 +1,128 @@
+"""The step protocol: one forward pass as the scheduler plans it and the runner executes it.
+
+Plain data (stdlib only): the engine imports it to describe steps, ``hermes_async.model``
+imports it to execute them; neither imports the other. One :class:`SequenceStep` per sequence
+flows unchanged from the scheduler to the runner and its sampler; its :attr:`SequenceStep.kind`
+is the one place that decides whether a step is a decode. A :class:`StepRunner` turns a list
+of them into one packed forward and returns a :class:`SampledToken` for each step that carries
+a :class:`SamplingRequest`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from hermes_async.types import SamplingParams
+
+
+class StepKind(StrEnum):
+    """How a sequence's share of a step is computed.
+
+    ``decode``: exactly one new token attending to its cached context (the batched single-query
+    attention path): a generated token, or a prompt's last token after a full prefix-cache hit.
+    ``prefill``: a chunk of several prompt tokens (causal attention over the chunk, after the
+    cached prefix).
+    """
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRequest:
+    """Sampling inputs of one step whose last new token's logits are to be sampled.
+
+    prompt_token_ids: the prompt (for the repetition penalty only; may be left empty otherwise).
+    output_token_ids: the tokens generated so far (repetition, frequency and presence penalties).
+    generator: the sequence's own random stream from :meth:`StepRunner.new_generator`, advanced
+        in place by each non-greedy step; opaque to the engine, which keeps it with the sequence
+        for its whole life (also across preemption). ``None`` draws from the runner's shared
+        stream (not reproducible).
+    banned_token_ids: ids that must not be chosen this step (see :func:`min_tokens_ban`).
+    """
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+    generator: object | None = None
+    banned_token_ids: frozenset[int] = frozenset()
+
+
+def min_tokens_ban(params: SamplingParams, num_output_tokens: int,
+                   eos_token_ids: Iterable[int]) -> frozenset[int]:
+    """The one ``min_tokens`` rule: while a sequence has fewer than ``min_tokens`` output
+    tokens, its ``stop_token_ids`` and (unless ``ignore_eos``) the EOS ids are banned, as vLLM
+    does."""
+    if num_output_tokens >= params.min_tokens:
+        return frozenset()
+    return frozenset(params.stop_token_ids).union(() if params.ignore_eos else eos_token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceStep:
+    """One sequence's share of a forward step.
+
+    block_table: physical KV block ids of the sequence, in token order, covering at least
+        ``start_pos + len(token_ids)`` tokens (the prefix tree's blocks first, then private ones).
+    start_pos: position of the first new token: the matched (cached) length for a prefill, the
+        index of the last token for a decode. K/V of positions ``< start_pos`` must already be in
+        the pool at those blocks.
+    token_ids: the new tokens to compute; their K/V are written into the pool by this step.
+    sampling: set when this step reaches the sequence's last token: its logits are sampled.
+    """
+
+    block_table: tuple[int, ...]
+    start_pos: int
+    token_ids: tuple[int, ...]
+    sampling: SamplingRequest | None = None
+
+    @property
+    def is_decode(self) -> bool:
+        """The one decode rule: exactly one new token (see :class:`StepKind`)."""
+        return len(self.token_ids) == 1
+
+    @property
+    def kind(self) -> StepKind:
+        return StepKind.DECODE if self.is_decode else StepKind.PREFILL
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens attended by the last new token (cached prefix plus new tokens)."""
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """The token chosen for one step, with its logprob and top alternatives when asked."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+class StepRunner(Protocol):
+    """Executes one packed forward step and samples the steps that ask for it."""
+
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+
+    def new_generator(self, seed: int, stream: int) -> object:
+        """The random stream of a seeded sequence (``stream`` tells the ``n`` sequences of one
+        request apart); opaque to the engine."""
+        ...
+
+    def execute(self, steps: Sequence[SequenceStep]) -> list[SampledToken | None]:
+        """Run ``steps`` as one forward; return a token for each step with ``sampling``.
+
+        Blocking: the engine calls it in its worker thread. Raising fails that step's
+        requests only.
+        """
+        ...

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch>=2.5"; else echo "torch==2.13.0"; fi)
 STAMP := $(VENV)/.hermes-setup-done
 
-.PHONY: setup serve test lint model bench-runner bench-cache clean
+.PHONY: setup serve test test-deps lint model bench-runner bench-cache clean
 
 setup: $(STAMP)
 
@@ -25,12 +25,19 @@ model: setup
 serve: model
 	$(BIN)/hermes-async serve $(ARGS)
 
+# Installs Chromium + chromedriver for the dashboard's browser test when missing (see the script).
 test: setup
+	bash scripts/install_test_deps.sh
 	$(BIN)/ruff check hermes_async tests loadtest scripts
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-deps:
+	bash scripts/install_test_deps.sh
 
 lint: setup
 	$(BIN)/ruff check hermes_async tests loadtest scripts
+	$(BIN)/lint-imports
 
 bench-runner: model
 	$(BIN)/python loadtest/bench_runner.py

@@ -11,6 +11,7 @@ and a block-level prefix cache; see ``docs/architecture.md``.
             print(out.text, end="", flush=True)
 """
 
+from hermes_async.builder import AsyncEngine
 from hermes_async.config import (
     CacheConfig,
     ConfigError,
@@ -19,7 +20,6 @@ from hermes_async.config import (
     SchedulerConfig,
     ServerConfig,
 )
-from hermes_async.builder import AsyncEngine
 from hermes_async.engine.errors import EngineError, NamespaceBusyError, QueueFullError
 from hermes_async.engine.request import RequestOutput, Usage
 from hermes_async.types import FinishReason, InvalidParameter, SamplingParams

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-DType = Literal["float32", "bfloat16", "float16"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
 class ConfigError(ValueError):
@@ -26,21 +27,23 @@ class ModelConfig:
     """Which model to run and where.
 
     path: a local Hugging Face directory; ``None`` means the embedded default model.
-    dtype: weights and KV cache dtype (``float32`` or ``bfloat16``; ``float16`` on CUDA).
+    dtype: weights and KV cache dtype: ``auto`` (bfloat16 on CUDA, float16 on GPUs without
+        bf16; bfloat16 on CPUs with avx512_bf16 or amx_bf16, else float32: see
+        ``hermes_async.model.dtype``), ``float32``, ``bfloat16`` or ``float16`` (CUDA only).
     device: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
     max_model_len: longest prompt + completion in tokens; ``None`` takes the model's own limit.
     """
 
     path: str | None = None
-    dtype: DType = "float32"
+    dtype: DType = "auto"
     device: str = "auto"
     max_model_len: int | None = None
     num_threads: int | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(
-                f"model.dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+                f"model.dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("model.max_model_len must be at least 2")
         if self.num_threads is not None and self.num_threads < 1:

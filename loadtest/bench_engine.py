@@ -6,7 +6,8 @@ hermes_async (all requests submitted at once), transformers' continuous batching
 (``generate_batch``) and sequential ``generate`` (on a subset: a rate is a rate), the time to
 first token of a request whose system prompt is cached vs not, and where a step's time goes.
 
-    python loadtest/bench_engine.py                     # float32 and bfloat16, 64 x 128 tokens
+    python loadtest/bench_engine.py                     # dtype auto (the server's), 64 x 128
+    python loadtest/bench_engine.py --dtypes float32 bfloat16   # both dtypes
     python loadtest/bench_engine.py --dtypes bfloat16 --requests 32 --max-tokens 64
 """
 
@@ -22,6 +23,7 @@ import torch
 
 from hermes_async.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from hermes_async.engine.async_engine import AsyncEngine
+from hermes_async.model.dtype import resolve_dtype
 from hermes_async.types import SamplingParams
 
 PARAGRAPH = (
@@ -92,7 +94,7 @@ async def run_hermes(model_dir: Path, dtype: str, prompts, max_tokens: int) -> d
         # TTFT: system prompt not cached, then cached (a different question each time)
         ttft_cold, _ = await one(prompts[0])
         ttft_warm, _ = await one(prompts[1])
-        engine.core.cache.reset()  # the timed run starts with nothing cached
+        engine.reset_cache()  # the timed run starts with nothing cached
         prof = StepProfile()
         core, ex = engine.core, engine.runner
         prof.wrap(core, "plan_step", "schedule")
@@ -113,7 +115,7 @@ def python_overhead(model_dir: Path, dtype: str, batch: int, context: int) -> di
     from torch.profiler import profile
 
     from hermes_async.model.runner import ModelRunner
-    from hermes_async.types import SequenceStep
+    from hermes_async.step import SequenceStep
 
     runner = ModelRunner(model_dir, ModelConfig(dtype=dtype, device="cpu"),
                          CacheConfig(kv_cache_bytes=1 << 30))
@@ -167,7 +169,8 @@ def run_transformers_sequential(model_dir: Path, dtype: str, prompts, max_tokens
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--dtypes", nargs="+", default=["auto"],
+                    help="auto (the server's default for this CPU), float32, bfloat16")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--system-tokens", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -176,6 +179,7 @@ def main() -> None:
                     help="requests given to generate_batch (64 ran over 10 min on 2 cores)")
     ap.add_argument("--skip-transformers", action="store_true")
     args = ap.parse_args()
+    args.dtypes = [resolve_dtype(d, torch.device("cpu"))[0] for d in args.dtypes]
     from transformers import AutoTokenizer
 
     if args.model is None:

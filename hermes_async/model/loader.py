@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from hermes_async.model.dtype import resolve_dtype
 from hermes_async.model.llama import LlamaModel
 from hermes_async.model.spec import ModelLoadError, ModelSpec, read_spec
 
@@ -51,7 +52,12 @@ def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
 
 def load_model(model_dir: str | Path, dtype: str = "float32",
                device: torch.device | str = "cpu") -> LlamaModel:
-    """Build a :class:`LlamaModel` from ``model_dir`` with weights in ``dtype`` on ``device``."""
+    """Build a :class:`LlamaModel` from ``model_dir`` with weights in ``dtype`` on ``device``.
+
+    ``dtype="auto"`` picks the machine's dtype (:func:`hermes_async.model.dtype.resolve_dtype`).
+    """
+    if dtype == "auto":
+        dtype = resolve_dtype(dtype, torch.device(device))[0]
     path = Path(model_dir)
     if not path.is_dir():
         raise ModelLoadError(f"model directory not found: {path}")

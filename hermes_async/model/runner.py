@@ -1,13 +1,14 @@
 """The model runner: loads a model, owns the KV pool, executes packed steps.
 
 The only place (with the rest of ``hermes_async.model``) that imports torch. The engine hands
-it a sequence of :class:`~hermes_async.types.SequenceStep` per forward pass; the runner packs
+it a sequence of :class:`~hermes_async.step.SequenceStep` per forward pass; the runner packs
 every sequence's new tokens into one flat batch (decodes first, then prefill chunks), runs one
 forward, and returns the logits of each sequence's last new token in the order given.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,10 +17,13 @@ import torch
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.attention import AttentionMetadata, PrefillChunk
 from hermes_async.model.cascade import MIN_GROUP, build_group, plan_groups
+from hermes_async.model.dtype import resolve_dtype
 from hermes_async.model.host_memory import keep_freed_memory
 from hermes_async.model.kv_pool import KVPool, derive_block_size, plan_num_blocks
 from hermes_async.model.loader import DTYPES, load_model
-from hermes_async.types import SequenceStep
+from hermes_async.step import SequenceStep
+
+log = logging.getLogger("hermes_async.model")
 
 
 class StepError(ValueError):
@@ -48,11 +52,13 @@ class ModelRunner:
         self.device = resolve_device(self.model_config.device)
         if self.device.type == "cpu":
             keep_freed_memory()
-        if self.model_config.dtype == "float16" and self.device.type == "cpu":
+        self.dtype_name, self.dtype_reason = resolve_dtype(self.model_config.dtype, self.device)
+        if self.dtype_name == "float16" and self.device.type == "cpu":
             raise ValueError("float16 is supported on CUDA only; use bfloat16 on the CPU")
-        self.dtype = DTYPES[self.model_config.dtype]
+        log.info("model dtype: %s", self.dtype_reason)
+        self.dtype = DTYPES[self.dtype_name]
         self.model_dir = Path(model_dir)
-        self.model = load_model(self.model_dir, self.model_config.dtype, self.device)
+        self.model = load_model(self.model_dir, self.dtype_name, self.device)
         spec = self.spec = self.model.spec
         self.block_size = self.cache_config.block_size or derive_block_size(
             spec.num_kv_heads, spec.head_dim)
@@ -125,8 +131,8 @@ class ModelRunner:
     def _order(self, steps: Sequence[SequenceStep]) -> tuple[list[int], list[tuple[int, int]]]:
         """Packed order: decodes in cascade groups (group by group), other decodes, prefills.
         Also returns (size, shared block count) of each group, in packed order."""
-        decodes = [i for i, s in enumerate(steps) if s.num_new_tokens == 1]
-        prefills = [i for i, s in enumerate(steps) if s.num_new_tokens > 1]
+        decodes = [i for i, s in enumerate(steps) if s.is_decode]
+        prefills = [i for i, s in enumerate(steps) if not s.is_decode]
         groups: list[tuple[list[int], int]] = []
         if self.use_cascade and len(decodes) >= MIN_GROUP:
             local = plan_groups([steps[i] for i in decodes], self.block_size)
@@ -139,7 +145,7 @@ class ModelRunner:
         """Absolute position and pool slot of every new token, in packed order (on the CPU).
         Decodes (one token each, packed first) in plain Python; prefill chunks vectorised."""
         bs = self.block_size
-        decodes = [s for s in packed if s.num_new_tokens == 1]
+        decodes = [s for s in packed if s.is_decode]
         pos_parts = [torch.tensor([s.start_pos for s in decodes], dtype=torch.long)]
         slot_parts = [torch.tensor([s.block_table[s.start_pos // bs] * bs + s.start_pos % bs
                                     for s in decodes], dtype=torch.long)]
@@ -153,7 +159,7 @@ class ModelRunner:
     def _metadata(self, packed: list[SequenceStep], slots: torch.Tensor,
                   groups: list[tuple[int, int]]) -> AttentionMetadata:
         dev, bs = self.device, self.block_size
-        decodes = [s for s in packed if s.num_new_tokens == 1]
+        decodes = [s for s in packed if s.is_decode]
         cascade, start = [], 0
         for size, shared in groups:
             cascade.append(build_group(decodes[start:start + size], start, shared, bs, dev))

@@ -1,7 +1,7 @@
 """Dynamic-field detector: prompts that miss the prefix cache only because a short span differs.
 
-The number-one cause of prefix-cache misses in production is a date, timestamp or id in the
-system prompt (seed 5.1): every request then forks the tree right there and recomputes the rest
+The number-one cause of prefix-cache misses in production is a dynamic field (a date, timestamp
+or id) in the system prompt: every request then forks the tree right there and recomputes the rest
 of an otherwise identical prompt. Per namespace the detector keeps a sliding sample of the last
 ``sample_size`` prompts and, for each admitted request, looks for a recent prompt that lines up
 with it again after the point where its cache match stopped.
@@ -41,8 +41,9 @@ request left disappears. Prompts of at most one block are counted as ``short_pro
 never matches the last token, so a prompt of ``n`` tokens can hit at most ``(n-1)//bs`` blocks.
 
 When a point costs more than ``warn_share`` of the window's prefill tokens (tokens actually
-computed, ``len(prompt) - matched_len`` summed), a WARNING with the seed's advice goes to the
-``hermes_async.cache`` logger, at most once per point per ``warn_interval_s``.
+computed, ``len(prompt) - matched_len`` summed), a WARNING with :data:`ADVICE` (move the field
+out of the system prompt) goes to the ``hermes_async.cache`` logger, at most once per point per
+``warn_interval_s``.
 
 The search itself (candidate, span, run) is :class:`hermes_async.observe.realign.Realigner`.
 Not thread-safe: call it from one thread (the engine's event loop).
@@ -63,8 +64,8 @@ from hermes_async.observe.realign import PromptSample, Realigner
 logger = logging.getLogger("hermes_async.cache")
 
 ADVICE = ("a dynamic field (date, timestamp, user or request id) in the prompt defeats prefix "
-          "caching (seed 5.1): move it out of the system prompt and inject it later, e.g. in "
-          "the last user message")
+          "caching: move it out of the system prompt and inject it later, e.g. in the last "
+          "user message")
 
 _MERGE_SLACK = 2            # tokens between two spans that still make one point
 _CONTEXT_TOKENS = 24        # tokens decoded on each side of a span

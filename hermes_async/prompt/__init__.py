@@ -28,6 +28,7 @@ from hermes_async.prompt.errors import (
 from hermes_async.prompt.messages import Conversation, Message, ToolCall
 from hermes_async.prompt.parse import parse_messages
 from hermes_async.prompt.roles import CANONICAL_ROLES, ROLE_TABLE, Role, RoleNormalizer
+from hermes_async.prompt.tags import is_tool_tag, role_tags
 from hermes_async.prompt.template import (
     ChatTemplate,
     HFChatTemplate,
@@ -67,6 +68,8 @@ __all__ = [
     "UnknownRoleError",
     "discover_control_tokens",
     "encode_text",
+    "is_tool_tag",
     "load_prompt_template",
     "parse_messages",
+    "role_tags",
 ]

@@ -9,8 +9,12 @@ Accepted shapes (OpenAI Chat Completions):
 - assistant ``tool_calls``: ``[{"id": str, "type": "function", "function": {"name": str,
   "arguments": str | object}}]``; legacy ``function_call: {"name", "arguments"}`` is read as one
   tool call.
-- ``tool`` messages need ``tool_call_id``; legacy ``function`` messages need ``name``; both become
-  role ``tool`` (never ``user``).
+- ``tool`` messages carry ``tool_call_id`` and legacy ``function`` messages ``name``; both become
+  role ``tool`` (never ``user``), the ``function`` message keeping its ``name``. As vLLM does, a
+  ``tool`` message without ``tool_call_id`` (sent by many clients and older frameworks) is
+  accepted and passed on without one, and so is a ``function`` message without ``name``; with
+  strict roles (``AssemblerOptions.strict_roles``, ``hermes-async render --strict-roles``) both
+  are refused as OpenAI's schema does (``param`` ``messages[i].tool_call_id`` / ``.name``).
 
 Anything else raises :class:`~hermes_async.prompt.errors.MessageValidationError` whose
 ``param`` names the field (validation lives in :mod:`hermes_async.prompt.parse`).

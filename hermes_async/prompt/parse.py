@@ -124,11 +124,12 @@ def parse_message(raw: Any, index: int,
         tool_calls = _tool_calls(raw, p)
     elif role == "tool":
         tool_call_id = _opt_str(raw, "tool_call_id", p)
-        if raw_role.strip().lower() == "function":
-            if name is None:
-                raise _err("a function message needs a 'name'", f"{p}.name")
-        elif tool_call_id is None:
-            raise _err("a tool message needs a 'tool_call_id'", f"{p}.tool_call_id")
+        if normalizer.strict:  # OpenAI's schema; lenient (default) passes them on as vLLM does
+            if raw_role.strip().lower() == "function":
+                if name is None:
+                    raise _err("a function message needs a 'name'", f"{p}.name")
+            elif tool_call_id is None:
+                raise _err("a tool message needs a 'tool_call_id'", f"{p}.tool_call_id")
     if content is None:
         if not tool_calls:
             raise _err("content is required (it may be null only on an assistant message "
@@ -150,7 +151,9 @@ def parse_messages(raw: Any, normalizer: RoleNormalizer) -> Conversation:
     """Validate and normalize a request's ``messages``.
 
     Raises :class:`MessageValidationError` (``param="messages"`` for a non-list or empty list,
-    a per-field param otherwise) and :class:`UnknownRoleError` under strict roles.
+    a per-field param otherwise) and :class:`UnknownRoleError` under strict roles; strict roles
+    also refuse a ``tool`` message without ``tool_call_id`` and a ``function`` one without
+    ``name``.
     """
     if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
         raise _err("messages must be a list of message objects", "messages")

@@ -6,7 +6,9 @@ role maps to ``user`` (as the seed does), is counted per distinct raw role on th
 ``strict=True`` it raises :class:`UnknownRoleError` instead (HTTP 400).
 
 Tool results are never rendered as user turns: ``tool`` and the legacy ``function`` both map to
-``tool``.
+``tool``. Strict roles also make :mod:`hermes_async.prompt.parse` refuse a ``tool`` message
+without ``tool_call_id`` and a ``function`` message without ``name`` (accepted otherwise, as
+vLLM accepts them).
 """
 
 from __future__ import annotations

@@ -11,18 +11,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 from bench_plots import plot_results
-from bench_serving import (
-    BenchConfig,
-    api_root,
-    format_table,
-    main,
-    parse_prefix_counters,
-    prefix_hit_rate,
-    run_benchmark,
-    summarize,
-    sweep_points,
-)
+from bench_serving import main
 from openai_stream import SSEDecoder, stream_chat
+from serving_config import BenchConfig, api_root
+from serving_metrics import parse_prefix_counters, prefix_hit_rate
+from serving_report import format_table
+from serving_stats import summarize
+from serving_sweep import run_benchmark, sweep_points
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -164,7 +164,7 @@ def test_second_call_is_instant_and_does_not_reconvert(
 def test_cached_fetch_in_a_fresh_process_skips_torch(default_model_dir: Path) -> None:
     code = (
         "import sys\n"
-        "from hermes_async.cli_model import cmd_model_fetch\n"
+        "from hermes_async.cli.model import run as cmd_model_fetch\n"
         "import argparse\n"
         "rc = cmd_model_fetch(argparse.Namespace(home=None, quiet=False))\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"

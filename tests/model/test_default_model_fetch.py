@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hermes_async.cli_model import cmd_model_fetch
+from hermes_async.cli.model import run as cmd_model_fetch
 from hermes_async.model import default_model, gguf_convert, gguf_source
 from hermes_async.model.default_model import (
     MANIFEST_NAME,

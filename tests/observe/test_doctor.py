@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from hermes_async.__main__ import main
-from hermes_async.observe.doctor import RoleCheck, common_prefix_len
+from hermes_async.cli import main
+from hermes_async.observe.doctor_roles import RoleCheck
+from hermes_async.observe.doctor_simulator import common_prefix_len
 
 BODY = "".join(f"Rule {i}: answer questions about product {i} politely, in short steps. "
                for i in range(20))

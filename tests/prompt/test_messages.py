@@ -64,9 +64,7 @@ MALFORMED: list[tuple[Any, str]] = [
     ([U, _a(tool_calls=[{**CALL, "id": 5}])], "messages[1].tool_calls[0].id"),
     ([U, _a(function_call={"name": 3})], "messages[1].function_call.name"),
     ([U, _a(function_call="f")], "messages[1].function_call"),
-    ([U, {"role": "tool", "content": "21"}], "messages[1].tool_call_id"),
     ([U, {"role": "tool", "content": "21", "tool_call_id": 5}], "messages[1].tool_call_id"),
-    ([U, {"role": "function", "content": "21"}], "messages[1].name"),
     ([{"role": "user", "content": "bad \ud800 surrogate"}], "messages[0].content"),
 ]
 

@@ -6,15 +6,34 @@ import argparse
 import asyncio
 import sys
 import time
+from typing import Any
 
-from hermes_async import config as config_mod
+from hermes_async.config import DTYPE_CHOICES as DTYPES
+
+
+def register(subparsers: Any) -> None:
+    """Add ``generate`` to the top-level subparsers; it sets ``func=run``."""
+    gen = subparsers.add_parser("generate", help="one-shot chat completion, streamed to stdout")
+    gen.add_argument("prompt", nargs="?", default="What is the capital of France?")
+    gen.add_argument("--model", default=None, help="HF directory (default: embedded model)")
+    gen.add_argument("--config", default=None, help="TOML config file")
+    gen.add_argument("--dtype", default=None, choices=DTYPES)
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``hermes-async generate``."""
+    return asyncio.run(_generate(args))
 
 
 async def _generate(args: argparse.Namespace) -> int:
-    from hermes_async.engine.async_engine import AsyncEngine
-    from hermes_async.types import SamplingParams
+    from hermes_async import AsyncEngine, EngineConfig, SamplingParams
+    from hermes_async.config import load
 
-    cfg = config_mod.load(args.config) if args.config else config_mod.EngineConfig()
+    cfg = load(args.config) if args.config else EngineConfig()
     overrides = {"dtype": args.dtype} if args.dtype else {}
     if args.model:
         overrides["path"] = args.model
@@ -38,7 +57,3 @@ async def _generate(args: argparse.Namespace) -> int:
                   f"in {elapsed:.2f} s, {usage.completion_tokens / max(elapsed, 1e-9):.1f} "
                   f"tok/s; model {engine.model_dir}]", file=sys.stderr)
     return 0
-
-
-def cmd_generate(args: argparse.Namespace) -> int:
-    return asyncio.run(_generate(args))

@@ -17,7 +17,23 @@ from collections.abc import Coroutine
 from typing import Any
 
 from hermes_async import config as config_mod
+from hermes_async.config import DTYPE_CHOICES as DTYPES
 from hermes_async.config import EngineConfig
+
+
+def register(subparsers: Any) -> None:
+    """Add ``serve`` to the top-level subparsers; it sets ``func=run``."""
+    serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server; prints its URL")
+    serve.add_argument("--model", default=None, help="HF directory (default: embedded model)")
+    serve.add_argument("--config", default=None, help="TOML config file (configs/*.toml)")
+    serve.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8000; 0: any)")
+    serve.add_argument("--dtype", default=None, choices=DTYPES)
+    serve.add_argument("--api-key", default=None, help="require this key (tenant 'default')")
+    serve.add_argument("--log-level", default="info",
+                       choices=["debug", "info", "warning", "error"],
+                       help="debug logs each request's start_position (prefix-cache hit)")
+    serve.set_defaults(func=run)
 
 
 def build_config(args: argparse.Namespace) -> EngineConfig:
@@ -86,7 +102,7 @@ async def serve(cfg: EngineConfig) -> int:
     return status
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Entry point of ``hermes-async serve``."""
     try:
         cfg = build_config(args)

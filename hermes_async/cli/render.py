@@ -1,12 +1,10 @@
-"""``hermes-async render``: print the final prompt of a messages file (seed 5.2's diagnosis).
+"""``hermes-async render``: print the final prompt of a messages file, the tool-role check.
 
 Control tokens that the template emitted are shown as ``⟦<|im_start|>⟧`` (a control-token string
 typed by a user stays plain text), followed by the token count, messages per role, a count per
 role tag (control token + role word, e.g. ``<|im_start|>tool``), and the tool check: tool-role
-tags vs tool messages vs tool calls. Wire it with::
-
-    add_render_parser(subparsers)   # sets func=cmd_render
-    args = parser.parse_args(); sys.exit(args.func(args))
+tags vs tool messages vs tool calls (a tool result rendered under another role shows up as a
+tool message without a tool tag).
 """
 
 from __future__ import annotations
@@ -14,29 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hermes_async.prompt import (
-    AssemblyOptions,
-    InspectedPrompt,
-    PromptAssembler,
-    PromptError,
-    TemplateConfigError,
-    load_prompt_template,
-)
-from hermes_async.prompt.roles import ROLE_TABLE
 
-_TOOL_WORDS = {"tool", "function", "ipython"}
-_TOOL_CONTROL_HINTS = ("tool_result", "tool_response", "tool_output")
-
-
-def add_render_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``render`` sub-command to an ``argparse`` subparsers object; returns its parser.
-
-    The parser sets ``func=cmd_render``.
-    """
+def register(subparsers: Any) -> None:
+    """Add ``render`` to the top-level subparsers; it sets ``func=run``."""
     p = subparsers.add_parser(
         "render", help="print the final prompt of a messages JSON file",
         description="Assemble a chat request's prompt exactly as the server would and print it "
@@ -45,8 +26,8 @@ def add_render_parser(subparsers: Any) -> argparse.ArgumentParser:
                                     "'messages' (and optional 'tools'); '-' reads stdin")
     p.add_argument("--model", help="local Hugging Face model or tokenizer directory "
                                    "(default: the embedded default model)")
-    p.add_argument("--template", help="seed-form PromptTemplate TOML file to use instead of the "
-                                      "model's own chat template")
+    p.add_argument("--template", help="PromptTemplate TOML file (configs/templates/) to use "
+                                      "instead of the model's own chat template")
     p.add_argument("--tools", help="JSON file with a list of tools (overrides the request's)")
     p.add_argument("--no-generation-prompt", action="store_true",
                    help="do not append the assistant generation prompt")
@@ -57,8 +38,7 @@ def add_render_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="print the prompt text without markers")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when tool tags, tool messages and tool calls disagree")
-    p.set_defaults(func=cmd_render)
-    return p
+    p.set_defaults(func=run)
 
 
 def _load_tokenizer(model: str | None) -> Any:
@@ -75,32 +55,19 @@ def _read_json(path: str) -> Any:
     return json.loads(text)
 
 
-def role_tags(inspected: InspectedPrompt) -> Counter[str]:
-    """Count template control tokens, each with the role word that follows it, if any."""
-    tags: Counter[str] = Counter()
-    segs = inspected.segments
-    for i, (text, is_control) in enumerate(segs):
-        if not is_control:
-            continue
-        word = ""
-        if i + 1 < len(segs) and not segs[i + 1][1]:
-            head = segs[i + 1][0].lstrip()
-            word = head.split(None, 1)[0] if head else ""
-            word = word if word.lower() in ROLE_TABLE or word.lower() in _TOOL_WORDS else ""
-        tags[text + word] += 1
-    return tags
-
-
-def is_tool_tag(tag: str) -> bool:
-    low = tag.lower()
-    if low.endswith(tuple(_TOOL_WORDS)):
-        return True
-    return any(h in low for h in _TOOL_CONTROL_HINTS) and "/" not in low
-
-
-def cmd_render(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``hermes-async render``; returns the process exit code (0 ok, 1 failed --check,
     2 invalid input)."""
+    from hermes_async.prompt import (
+        AssemblyOptions,
+        PromptAssembler,
+        PromptError,
+        TemplateConfigError,
+        is_tool_tag,
+        load_prompt_template,
+        role_tags,
+    )
+
     try:
         data = _read_json(args.messages)
         tools = data.get("tools") if isinstance(data, dict) else None
@@ -141,7 +108,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     tool_msgs = prompt.role_counts.get("tool", 0)
     tool_calls = sum(len(m.tool_calls) for m in inspected.messages)
     ok = tool_tags == tool_msgs and (tool_calls == tool_msgs or tool_calls == 0)
-    verdict = "OK" if ok else "MISMATCH (seed 5.2: tool results rendered under another role?)"
+    verdict = "OK" if ok else "MISMATCH (tool results rendered under another role?)"
     out.write(f"tool tags: {tool_tags}, tool messages: {tool_msgs}, tool calls: {tool_calls}"
               f"  {verdict}\n")
     unknown = assembler.roles.unknown_role_counts()

@@ -50,7 +50,7 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
     if args.port is not None:
         server["port"] = args.port
     if args.api_key:
-        from hermes_async.server.auth import DEFAULT_TENANT
+        from hermes_async.openai.auth import DEFAULT_TENANT
 
         server["api_keys"] = {**cfg.server.api_keys, args.api_key: DEFAULT_TENANT}
     return cfg.replace(model=model, server=server)

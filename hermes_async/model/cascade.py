@@ -1,6 +1,6 @@
 """Cascade (shared-prefix) attention for decodes.
 
-When many decoding sequences share a cached prefix (a fixed system prompt: the seed's main
+When many decoding sequences share a cached prefix (a fixed system prompt: the main
 case), they point at the same physical blocks. Instead of gathering that prefix once per
 sequence, a group's queries attend to it together in one matmul, each sequence attends to its
 own suffix, and the two partial softmaxes are merged exactly with their log-sum-exp.

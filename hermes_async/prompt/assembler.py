@@ -1,6 +1,6 @@
 """PromptAssembler: messages -> validated, normalized, templated, protected token ids, cached.
 
-Flow per call (seed 1.1): validate + normalize roles -> cache key -> exact hit? -> render the
+Flow per call: validate + normalize roles -> cache key -> exact hit? -> render the
 template over marked user strings -> longest cached message prefix whose rendering is a prefix
 of this one? (tokenize only the tail) -> else full protected tokenization -> store.
 

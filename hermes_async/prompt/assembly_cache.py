@@ -1,4 +1,5 @@
-"""The assembly cache (seed 1.2 "first level", 2.4): rendered prompts and their token ids.
+"""The assembly cache (the first cache level, before the KV prefix cache): rendered
+prompts and their token ids.
 
 A bounded LRU over entries and (estimated) bytes. Keys are built by the assembler from model id,
 template version, role sequence and a blake2b content digest (plus tools, generation prompt and

@@ -57,7 +57,7 @@ class ToolCall(NamedTuple):
 
 
 class Message(NamedTuple):
-    """A validated chat message with a canonical role (seed 2.1's ``Message(role, content, name)``).
+    """A validated chat message with a canonical role (``Message(role, content, name)``).
 
     A NamedTuple (immutable, cheap to build: validation is on the exact-hit path).
     """

@@ -1,7 +1,7 @@
 """Role normalization (seed section 2.1).
 
-Raw roles from clients are mapped onto four canonical roles with the seed's table. An unknown
-role maps to ``user`` (as the seed does), is counted per distinct raw role on the
+Raw roles from clients are mapped onto four canonical roles with a fixed table. An unknown
+role maps to ``user``, is counted per distinct raw role on the
 :class:`RoleNormalizer` that saw it, and is logged once per distinct role per normalizer; with
 ``strict=True`` it raises :class:`UnknownRoleError` instead (HTTP 400).
 
@@ -24,7 +24,7 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 CANONICAL_ROLES: Final[tuple[Role, ...]] = ("system", "user", "assistant", "tool")
 
-#: The seed's normalization table; keys are lower-cased, stripped raw roles.
+#: The normalization table; keys are lower-cased, stripped raw roles.
 ROLE_TABLE: Final[dict[str, Role]] = {
     "system": "system",
     "system_prompt": "system",

@@ -1,7 +1,7 @@
-"""Chat templates: the model's own Jinja template, or the seed's :class:`PromptTemplate` (seed 2.2).
+"""Chat templates: the model's own Jinja template, or a :class:`PromptTemplate` from a TOML file.
 
 A template turns template-ready message dicts (see ``Message.to_template_dict``) into prompt
-text. Every template has a ``version`` that is part of every assembly-cache key (seed 2.4): a
+text. Every template has a ``version`` that is part of every assembly-cache key: a
 digest of its source and its special-token settings, or an explicit value for a configured one.
 """
 
@@ -108,7 +108,7 @@ _DEFAULT_TOOL_CALL = "{json}"
 
 @dataclass(frozen=True)
 class PromptTemplate(ChatTemplate):
-    """The seed's template form (seed 2.2), for models without a template or for overrides.
+    """The TOML template form, for models without a template or for overrides.
 
     Rendering: ``bos``; then per message its role tag, an optional ``name_format`` line
     (``{name}`` replaced), the content (stripped when ``strip_content``), its tool calls (each

@@ -1,4 +1,4 @@
-"""Protected tokenization: control tokens come only from the template (seed 2.3).
+"""Protected tokenization: control tokens come only from the template.
 
 Why the result equals ``apply_chat_template(..., tokenize=True)`` when no user string contains
 a control-token string: user strings are marked before rendering (``marking``); a string that

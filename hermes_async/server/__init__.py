@@ -1,13 +1,18 @@
-"""OpenAI-compatible HTTP server (aiohttp) over :class:`~hermes_async.engine.AsyncEngine`.
+"""OpenAI-compatible HTTP server (aiohttp): thin adapters over :mod:`hermes_async.openai`.
 
 ``create_app(config)`` builds the app (the engine lives in its ``cleanup_ctx``);
 ``start_site(app, host, port)`` listens with handler cancellation on; ``hermes-async serve``
-does both from the command line. Endpoints: ``POST /v1/chat/completions``,
-``POST /v1/completions`` (SSE with ``stream: true``), ``GET /v1/models``, ``POST /tokenize``,
-``GET /health``, ``GET /metrics``.
+(``hermes_async.cli.serve``) does both from the command line. Endpoints: the layer's
+``ROUTES`` -- ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE with
+``stream: true``), ``GET /v1/models``, ``POST /tokenize``, ``GET /health``, ``GET /metrics``,
+``GET /cache/stats``, ``POST /cache/warm``, ``POST /cache/reset`` -- and ``GET /dashboard``.
+
+Modules: ``app`` (the app, listening), ``state`` (typed app/request keys), ``auth`` and
+``errors`` (the two middlewares), ``handlers`` (request -> service), ``body`` (the body
+limit), ``respond`` (a service's response -> aiohttp, SSE included), ``dashboard``.
 """
 
 from hermes_async.server.app import create_app, start_site, wait_until_ready
-from hermes_async.server.state import STATE, ServerState
+from hermes_async.server.state import STATE
 
-__all__ = ["STATE", "ServerState", "create_app", "start_site", "wait_until_ready"]
+__all__ = ["STATE", "create_app", "start_site", "wait_until_ready"]

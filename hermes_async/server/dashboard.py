@@ -1,6 +1,6 @@
 """``GET /dashboard``: one self-contained HTML page that polls ``GET /cache/stats``.
 
-The page (``static/dashboard.html``, package data) draws the seed's three figures on one chart
+The page (``static/dashboard.html``, package data) draws the three cache figures on one chart
 (assembly hit rate, prefix hit rate, average matched length), the KV pool, running and waiting
 requests, per-namespace figures and the dynamic-field divergence table. It loads nothing from
 elsewhere (no CDN, fonts or scripts), so it works offline; the API key, when keys are

@@ -1,129 +1,34 @@
-"""OpenAI's error object and the mapping of every failure to a status and that object.
-
-Every error the server answers is ``{"error": {"message", "type", "param", "code"}}``:
-
-====  =========================  ==================================================
-400   invalid_request_error      bad JSON or schema (``param`` names the field), an
-                                 out-of-range parameter, ``context_length_exceeded``
-401   invalid_request_error      ``invalid_api_key`` (missing or wrong key)
-403   permission_error           ``namespace_forbidden`` (``/cache/*``: another tenant's)
-404   invalid_request_error      ``model_not_found``; unknown route ``not_found``
-409   invalid_request_error      ``namespace_busy`` (reset while requests run there),
-                                 ``pin_limit_reached`` (the pin cap refused a pin)
-413   invalid_request_error      ``request_too_large``
-429   rate_limit_error           ``queue_full`` (with ``Retry-After``)
-500   server_error               ``internal_error``, a failed model step
-503   service_unavailable_error  ``model_loading``, ``shutting_down``, ``model_load_failed``
-504   timeout_error              ``request_timeout``
-====  =========================  ==================================================
-"""
+"""The error middleware: whatever fails outside a service (authentication, body size, an
+unknown route or method) becomes the OpenAI layer's error response, counted in
+``hermes_request_errors_total{code}`` except on the ``/health`` probe. Services answer their
+own failures (:mod:`hermes_async.openai.service`)."""
 
 from __future__ import annotations
 
-import logging
-import re
-from types import MappingProxyType
-from typing import Any
+from collections.abc import Awaitable, Callable
 
-import msgspec
 from aiohttp import web
 
-from hermes_async.engine.async_engine import EngineError, QueueFullError
-from hermes_async.prompt import PromptError
-from hermes_async.types import InvalidParameter
+from hermes_async.openai.errors import http_error
+from hermes_async.openai.routes import counts_errors
+from hermes_async.openai.service import answer_error
+from hermes_async.server.respond import plain_response
+from hermes_async.server.state import STATE
 
-log = logging.getLogger("hermes_async.server")
-
-_HTTP_CODES = MappingProxyType({
-    400: "bad_request", 401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed",
-    413: "request_too_large", 415: "unsupported_media_type"})
-_AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
-_MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class APIError(Exception):
-    """An error answered to the client as an OpenAI error object with ``status``."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None, counted: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-        self.counted = counted  # already in hermes_request_errors_total (the engine's own)
-
-    def body(self) -> dict[str, dict[str, Any]]:
-        """The OpenAI error object."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-    def response(self) -> web.Response:
-        """A JSON response carrying :meth:`body`, the status and any extra headers."""
-        return json_response(self.body(), status=self.status, headers=self.headers)
-
-
-def json_response(obj: Any, *, status: int = 200,
-                  headers: dict[str, str] | None = None) -> web.Response:
-    """A JSON response encoded with msgspec."""
-    return web.Response(status=status, body=msgspec.json.encode(obj),
-                        content_type="application/json", headers=headers)
-
-
-def unavailable(message: str, code: str, retry_after_s: int | None = None) -> APIError:
-    """A 503 (the engine is loading, failed to load or is shutting down)."""
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return APIError(503, message, type="service_unavailable_error", code=code, headers=headers)
-
-
-def context_length_error(param: str, max_model_len: int, prompt_tokens: int,
-                         max_tokens: int | None) -> APIError:
-    """400 ``context_length_exceeded`` in OpenAI's wording."""
-    asked = prompt_tokens + (max_tokens or 0)
-    what = f"{prompt_tokens} in the {param}"
-    if max_tokens:
-        what += f", {max_tokens} in the completion"
-    return APIError(400, f"This model's maximum context length is {max_model_len} tokens. "
-                    f"However, you requested {asked} tokens ({what}). Please reduce the length "
-                    f"of the {param} or completion.", param=param, code="context_length_exceeded")
-
-
-def validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> APIError:
-    """400 for a body that is not JSON or does not match the schema; ``param`` names the
-    field (``messages[0].role``, ``max_tokens``) as far as the decoder tells it."""
-    if not isinstance(exc, msgspec.ValidationError):
-        return APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json")
-    message = str(exc)
-    path = ""
-    if m := _AT_PATH.search(message):
-        path = m["path"].lstrip(".")
-    if m := _MISSING.search(message):
-        path = f"{path}.{m['field']}" if path else m["field"]
-    return APIError(400, f"invalid request: {message}", param=path or None,
-                    code="invalid_value" if path else "invalid_request")
-
-
-def to_api_error(exc: BaseException, retry_after_s: int) -> APIError:
-    """Map any exception of a request to the :class:`APIError` answered for it."""
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
-        return validation_error(exc)
-    if isinstance(exc, PromptError):
-        return APIError(400, str(exc), param=exc.param, code=exc.code)
-    if isinstance(exc, InvalidParameter):
-        return APIError(400, str(exc), param=exc.param, code=exc.code or "invalid_value")
-    if isinstance(exc, QueueFullError):
-        return APIError(429, str(exc), type="rate_limit_error", code="queue_full",
-                        headers={"Retry-After": str(retry_after_s)})
-    if isinstance(exc, EngineError):
-        return unavailable(str(exc), "shutting_down")
-    if isinstance(exc, web.HTTPException) and exc.status >= 400:
-        return APIError(exc.status, exc.text or exc.reason,
-                        code=_HTTP_CODES.get(exc.status, f"http_{exc.status}"))
-    log.exception("unexpected error handling a request", exc_info=exc)
-    return APIError(500, f"internal server error: {type(exc).__name__}", type="server_error",
-                    code="internal_error")
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure -> OpenAI error object with its status."""
+    failure: BaseException
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        failure = http_error(e.status, e.text or e.reason)
+    except Exception as e:  # noqa: BLE001 - answered as an error object, never a crash
+        failure = e
+    return plain_response(answer_error(request.app[STATE], failure,
+                                       count=counts_errors(request.path)))

@@ -26,7 +26,8 @@ from hermes_async.config import (
     ServerConfig,
 )
 from hermes_async.engine.async_engine import AsyncEngine
-from hermes_async.server import STATE, ServerState, create_app, start_site, wait_until_ready
+from hermes_async.openai import ServiceState
+from hermes_async.server import STATE, create_app, start_site, wait_until_ready
 
 T = TypeVar("T")
 
@@ -52,7 +53,7 @@ class ServerThread:
         return f"{self.url}/v1"
 
     @property
-    def state(self) -> ServerState:
+    def state(self) -> ServiceState:
         return self.app[STATE]
 
     @property
@@ -124,14 +125,12 @@ def real_config(model_dir: Path, *, server: dict[str, Any] | None = None,
 
 
 def engine_idle(engine: AsyncEngine) -> dict[str, int]:
-    """Requests, running and waiting sequences, pinned and private blocks (all 0 when
-    nothing is in flight). Call on the server loop (``ServerThread.call``)."""
-    core = engine.core
-    assert core is not None
-    usage = core.cache.usage()
-    return {"requests": len(core.requests), "running": len(core.scheduler.running),
-            "waiting": len(core.scheduler.waiting), "pinned": usage.pinned,
-            "private": usage.private}
+    """Requests, running and waiting sequences, referenced ("pinned": by requests or operator
+    pins) and private blocks (all 0 when nothing is in flight or pinned). Call on the server
+    loop (``ServerThread.call``)."""
+    load = engine.load()
+    return {"requests": load.requests, "running": load.running, "waiting": load.waiting,
+            "pinned": load.blocks.referenced, "private": load.blocks.private}
 
 
 def request(url: str, body: Any = None, *, method: str | None = None,

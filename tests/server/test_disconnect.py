@@ -20,7 +20,7 @@ IDLE = {"requests": 0, "running": 0, "waiting": 0, "pinned": 0, "private": 0}
 
 
 def in_flight(server) -> int:
-    return server.call(lambda: len(server.engine.core.requests))
+    return server.call(lambda: server.engine.load().requests)
 
 
 def wait_idle(server, within_s: float = 10.0) -> float:
@@ -30,7 +30,7 @@ def wait_idle(server, within_s: float = 10.0) -> float:
     while True:
         state = server.call(lambda: engine_idle(server.engine))
         if state == IDLE:
-            server.call(server.engine.core.cache.check_integrity)
+            server.call(server.engine.check_integrity)
             return time.monotonic() - t0
         assert time.monotonic() - t0 < within_s, f"not aborted: {state}"
         time.sleep(0.05)

@@ -25,9 +25,9 @@ class SlowRunner(FakeRunner):
 
     delay_s: float = 0.0
 
-    def execute(self, steps, rows):
+    def execute(self, steps):
         time.sleep(self.delay_s)
-        return super().execute(steps, rows)
+        return super().execute(steps)
 
 
 class GatedEngine(AsyncEngine):
@@ -151,7 +151,7 @@ def test_shutdown_drains_in_flight_requests():
     client = threading.Thread(target=lambda: result.append(request(
         f"{srv.url}/v1/completions", {**PROMPT, "max_tokens": 60, "stream": True})))
     client.start()
-    while srv.call(lambda: len(srv.engine.core.requests)) == 0:
+    while srv.call(lambda: srv.engine.load().requests) == 0:
         time.sleep(0.01)
     srv.stop()  # graceful: the stream in flight finishes first, then the engine stops
     client.join(10)
@@ -173,7 +173,7 @@ def test_429_when_too_many_requests_wait():
             request(f"{srv.url}/v1/completions", body))) for _ in range(2)]
         for i, th in enumerate(threads):  # one running, then one waiting
             th.start()
-            while srv.call(lambda: len(srv.engine.core.requests)) <= i:
+            while srv.call(lambda: srv.engine.load().requests) <= i:
                 time.sleep(0.005)
         headers, err = error_of(request_json(f"{srv.url}/v1/completions", PROMPT), 429)
         assert err["code"] == "queue_full" and headers["Retry-After"] == "2"

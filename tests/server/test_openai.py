@@ -19,7 +19,8 @@ QUESTION = "What is the capital of France?"
 MODEL = "SmolLM2-135M-Instruct"
 METRIC_NAMES = (
     "hermes_num_requests_running", "hermes_num_requests_waiting", "hermes_kv_blocks_total",
-    "hermes_kv_blocks_free", "hermes_kv_blocks_cached", "hermes_kv_blocks_pinned",
+    "hermes_kv_blocks_free", "hermes_kv_blocks_cached", "hermes_kv_blocks_referenced",
+    "hermes_kv_blocks_pinned",
     "hermes_prefix_cache_queries_total", "hermes_prefix_cache_hits_total",
     "hermes_prefix_cache_matched_tokens_bucket", "hermes_assembly_cache_queries_total",
     "hermes_assembly_cache_hits_total", "hermes_assembly_cache_partial_hits_total",

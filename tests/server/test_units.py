@@ -10,13 +10,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from hermes_async.cli.serve import build_config
 from hermes_async.config import ConfigError, EngineConfig, ServerConfig, from_dict, load
-from hermes_async.engine.async_engine import EngineError, QueueFullError
-from hermes_async.prompt import PromptError
-from hermes_async.server.auth import Authenticator, is_protected, namespace_for
-from hermes_async.server.cli import build_config
-from hermes_async.server.errors import APIError, to_api_error
-from hermes_async.server.schemas import (
+from hermes_async.engine.errors import EngineError, NamespaceBusyError, QueueFullError
+from hermes_async.openai.auth import Authenticator, is_protected, namespace_for
+from hermes_async.openai.errors import APIError, to_api_error
+from hermes_async.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_sampling_params,
@@ -24,7 +23,8 @@ from hermes_async.server.schemas import (
     completion_sampling_params,
     decode,
 )
-from hermes_async.server.sse import DONE, event
+from hermes_async.openai.sse import DONE, KEEPALIVE, event
+from hermes_async.prompt import PromptError
 from hermes_async.types import InvalidParameter
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -145,6 +145,7 @@ def test_error_mapping():
     cases = [
         (QueueFullError("full"), 429, "queue_full", "rate_limit_error"),
         (EngineError("stopping"), 503, "shutting_down", "service_unavailable_error"),
+        (NamespaceBusyError(["team-a"]), 409, "namespace_busy", "invalid_request_error"),
         (InvalidParameter("top_p", "bad"), 400, "invalid_value", "invalid_request_error"),
         (InvalidParameter("messages", "out of range"), 400,
          "invalid_value", "invalid_request_error"),
@@ -164,4 +165,4 @@ def test_error_mapping():
 
 def test_sse_event_framing():
     assert event({"a": "x\ny"}) == b'data: {"a":"x\\ny"}\n\n'
-    assert DONE == b"data: [DONE]\n\n"
+    assert DONE == b"data: [DONE]\n\n" and KEEPALIVE == b": keep-alive\n\n"

@@ -1,10 +1,11 @@
-"""The engine requests behind one HTTP request, read as one stream of outputs.
+"""The engine requests behind one API request, read as one stream of outputs.
 
 :class:`EngineStream` queues one engine request per prompt (``n`` sequences each) and yields
 ``(prompt_index, RequestOutput)`` items, or ``None`` when nothing arrived for the keep-alive
-interval (the SSE writer sends a comment then). Its :meth:`EngineStream.close` aborts whatever
-has not finished: handlers call it in ``finally``, so a client that disconnects (aiohttp cancels
-the handler) or any error releases the KV blocks at once.
+interval (a streamed response sends a comment then). Its :meth:`EngineStream.close` aborts
+whatever has not finished: services call it in ``finally`` (and a streamed response's close
+hook does), so a client that disconnects or any error releases the KV blocks at once.
+:func:`collect` reads a stream to its end for a non-streaming response.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from hermes_async.engine.async_engine import AsyncEngine
 from hermes_async.engine.request import EngineRequest, RequestOutput, TokenLogprob, Usage
-from hermes_async.server.errors import APIError, unavailable
-from hermes_async.server.limits import Deadline
+from hermes_async.openai.errors import APIError, unavailable
+from hermes_async.openai.limits import Deadline
 from hermes_async.types import FinishReason, SamplingParams
 
 Item = tuple[int, RequestOutput]
@@ -160,11 +160,3 @@ async def collect(stream: EngineStream, n: int) -> list[ChoiceResult]:
         if out.finish_reason is not None:
             choice.finish_reason = str(out.finish_reason)
     return [choices[i] for i in sorted(choices)]
-
-
-def usage_dict(usage: Usage) -> dict[str, Any]:
-    """OpenAI's ``usage`` object, with ``prompt_tokens_details.cached_tokens``."""
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
-

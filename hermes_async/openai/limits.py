@@ -1,35 +1,20 @@
 """Request limits: body size (413), context length (400), request time (504).
 
-The queue bounds (429) are the engine's (``[scheduler] max_waiting`` and ``max_waiting_tokens``);
-:func:`hermes_async.server.errors.to_api_error` turns its ``QueueFullError`` into 429 with
-``Retry-After``.
+The front end reads the body and answers :func:`body_too_large` past
+``server.max_body_bytes``; the queue bounds (429) are the engine's (``[scheduler]
+max_waiting`` and ``max_waiting_tokens``): :func:`~hermes_async.openai.errors.to_api_error`
+turns its ``QueueFullError`` into 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import time
 
-from aiohttp import web
-
-from hermes_async.server.errors import APIError, context_length_error
-
-
-async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The request body; 413 when it is (or announces itself as) larger than ``max_bytes``.
-
-    The app's ``client_max_size`` enforces the same bound on bodies without a length.
-    """
-    length = request.content_length
-    if length is not None and length > max_bytes:
-        raise body_too_large(max_bytes, length)
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise body_too_large(max_bytes, None) from e
+from hermes_async.openai.errors import APIError, context_length_error
 
 
 def body_too_large(max_bytes: int, actual: int | None) -> APIError:
-    """413 ``request_too_large``."""
+    """413 ``request_too_large`` (``actual``: the announced length, if known)."""
     size = f" ({actual} bytes)" if actual is not None else ""
     return APIError(413, f"the request body{size} is larger than the limit of {max_bytes} "
                     "bytes", code="request_too_large")

@@ -4,9 +4,10 @@ Unknown fields (OpenAI's ``user``, ``store``, ``metadata``, ``parallel_tool_call
 accepted and ignored, so any OpenAI client works unchanged. Fields that would change what is
 generated but are not implemented (``logit_bias``, ``response_format`` other than ``text``,
 ``suffix``, ``best_of`` other than ``n``) are refused with 400 rather than silently ignored.
-Decoding errors name the offending field (see :func:`hermes_async.server.errors.validation_error`).
+Decoding errors name the offending field (see :func:`hermes_async.openai.errors.validation_error`).
 vLLM's extra sampling fields are accepted: ``top_k``, ``min_p``, ``repetition_penalty``,
-``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ``cache_salt``, ``add_special_tokens``.
+``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ``cache_salt``, ``add_special_tokens``
+(unset: the engine's one raw-text rule, ``AsyncEngine.encode_text``: special tokens added).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from msgspec import Meta
 
-from hermes_async.server.errors import APIError
+from hermes_async.openai.errors import APIError
 from hermes_async.types import SamplingParams
 
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -78,7 +79,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -88,7 +89,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     prompt: str | None = None
     messages: list[Any] | None = None
     tools: list[dict[str, Any]] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
 
 

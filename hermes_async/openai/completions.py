@@ -1,54 +1,50 @@
 """``POST /v1/completions``: raw prompts (strings or token ids, one or several) -> engine.
 
-A string prompt is tokenized with ``add_special_tokens`` (default true, as vLLM: a BOS where
-the model's tokenizer adds one). Several prompts run as concurrent engine requests; choice
-``k * n + i`` is sequence ``i`` of prompt ``k``. ``echo`` prepends the prompt text.
+A string prompt is tokenized by the engine's one raw-text rule (``AsyncEngine.encode_text``:
+special tokens added unless ``add_special_tokens`` is false, as vLLM: a BOS where the model's
+tokenizer adds one). Several prompts run as concurrent engine requests; choice ``k * n + i``
+is sequence ``i`` of prompt ``k``. ``echo`` prepends the prompt text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from typing import Any
 
-from aiohttp import web
-
+from hermes_async.engine.async_engine import AsyncEngine
 from hermes_async.engine.request import RequestOutput
-from hermes_async.server.auth import namespace_for
-from hermes_async.server.errors import APIError, json_response
-from hermes_async.server.generation import EngineStream, collect, logprobs_of, usage_dict
-from hermes_async.server.limits import Deadline, check_context, read_body
-from hermes_async.server.logprobs import CompletionLogprobs, TokenTexts
-from hermes_async.server.openai_chat import SYSTEM_FINGERPRINT
-from hermes_async.server.schemas import (
+from hermes_async.openai.format import ChunkFormatter, response_head, usage_dict
+from hermes_async.openai.limits import Deadline, check_context
+from hermes_async.openai.logprobs import CompletionLogprobs, TokenTexts
+from hermes_async.openai.responses import JSONResponse, Response
+from hermes_async.openai.schemas import (
     CompletionRequest,
     completion_prompts,
     completion_sampling_params,
     decode,
 )
-from hermes_async.server.state import STATE, TENANT
-from hermes_async.server.streaming import ChunkFormatter, serve_stream
+from hermes_async.openai.service import service
+from hermes_async.openai.state import RequestContext
+from hermes_async.openai.stream import ChoiceResult, EngineStream, collect, logprobs_of
+from hermes_async.openai.streaming import sse_response
 
-log = logging.getLogger("hermes_async.server")
+log = logging.getLogger("hermes_async.openai")
 
 
-def encode_prompts(tokenizer: Any, prompts: list[str | list[int]],
-                   add_special_tokens: bool) -> list[list[int]]:
+def prompt_param(k: int, count: int) -> str:
+    """How an error names prompt ``k`` of ``count``: ``prompt`` or ``prompt[k]``."""
+    return "prompt" if count == 1 else f"prompt[{k}]"
+
+
+def encode_prompts(engine: AsyncEngine, prompts: list[str | list[int]],
+                   add_special_tokens: bool | None) -> list[list[int]]:
     """Token ids of each prompt; 400 for an empty prompt or an id outside the vocabulary."""
-    vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
     out = []
     for k, p in enumerate(prompts):
-        param = "prompt" if len(prompts) == 1 else f"prompt[{k}]"
-        ids = (list(tokenizer.encode(p, add_special_tokens=add_special_tokens))
-               if isinstance(p, str) else p)
-        if not ids:
-            raise APIError(400, "the prompt is empty", param=param, code="invalid_value")
-        if vocab is not None and not all(0 <= t < vocab for t in ids):
-            raise APIError(400, f"token ids must be in [0, {vocab})", param=param,
-                           code="invalid_value")
-        out.append(ids)
+        ids = engine.encode_text(p, add_special_tokens) if isinstance(p, str) else p
+        out.append(engine.check_token_ids(ids, prompt_param(k, len(prompts))))
     return out
 
 
@@ -86,44 +82,48 @@ class CompletionChunks(ChunkFormatter):
         return chunks
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    """The handler; every failure raises (the error middleware answers it)."""
-    state = request.app[STATE]
+def completion_choice(c: ChoiceResult, n: int, echo: list[str] | None,
+                      texts: TokenTexts | None) -> dict[str, Any]:
+    """One choice of a non-streaming completion (the prompt first with ``echo``)."""
+    prefix = echo[c.index // n] if echo else ""
+    lp = CompletionLogprobs(texts).format(c.logprobs) if texts is not None else None
+    return {"index": c.index, "text": prefix + "".join(c.text), "logprobs": lp,
+            "finish_reason": c.finish_reason}
+
+
+@service()
+async def completions(ctx: RequestContext, body: bytes) -> Response:
+    """A completion of each prompt of the JSON request ``body`` (``stream``: SSE chunks)."""
+    state = ctx.state
     cfg = state.config.server
     engine = state.engine_or_503()
-    req = decode(await read_body(request, cfg.max_body_bytes), CompletionRequest)
+    req = decode(body, CompletionRequest)
     state.check_model(req.model)
     params = completion_sampling_params(req)
     prompts = completion_prompts(req.prompt)
-    ids = await asyncio.to_thread(encode_prompts, engine.tokenizer, prompts,
-                                  req.add_special_tokens)
+    ids = await asyncio.to_thread(encode_prompts, engine, prompts, req.add_special_tokens)
     for k, p in enumerate(ids):
-        check_context("prompt" if len(ids) == 1 else f"prompt[{k}]", len(p), params.max_tokens,
+        check_context(prompt_param(k, len(ids)), len(p), params.max_tokens,
                       engine.max_model_len)
     echo = None
     if req.echo:
         echo = [p if isinstance(p, str) else engine.tokenizer.decode(p) for p in prompts]
-    namespace = namespace_for(request[TENANT], req.cache_salt)
+    namespace = ctx.namespace(req.cache_salt)
     rid = f"cmpl-{uuid.uuid4().hex}"
     log.debug("%s: namespace=%s prompts=%d prompt_tokens=%s", rid, namespace, len(ids),
               [len(p) for p in ids])
     stream = EngineStream.open(engine, ids, params, request_id=rid, namespace=namespace,
                                keepalive_s=cfg.keepalive_interval_s,
                                deadline=Deadline(cfg.request_timeout_s))
-    head = {"id": rid, "object": "text_completion", "created": int(time.time()),
-            "model": state.model_name, "system_fingerprint": SYSTEM_FINGERPRINT}
+    head = response_head(rid, "text_completion", state.model_name)
     texts = TokenTexts(engine.tokenizer) if params.logprobs else None
     if req.stream:
         fmt = CompletionChunks(head, params.n, echo, texts, req.include_usage)
-        return await serve_stream(request, stream, fmt, engine.metrics)
+        return sse_response(stream, fmt, engine.metrics)
     try:
         choices = await collect(stream, params.n)
     finally:
         stream.close()
-    out = []
-    for c in choices:
-        prefix = echo[c.index // params.n] if echo else ""
-        lp = CompletionLogprobs(texts).format(c.logprobs) if texts is not None else None
-        out.append({"index": c.index, "text": prefix + "".join(c.text), "logprobs": lp,
-                    "finish_reason": c.finish_reason})
-    return json_response({**head, "choices": out, "usage": usage_dict(stream.usage)})
+    return JSONResponse({**head, "choices": [completion_choice(c, params.n, echo, texts)
+                                             for c in choices],
+                         "usage": usage_dict(stream.usage)})

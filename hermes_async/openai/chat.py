@@ -1,0 +1,93 @@
+"""``POST /v1/chat/completions``: messages -> the engine's prompt assembly (cached) -> engine.
+
+Streaming sends, per choice, a first chunk with ``delta.role``, then ``delta.content`` chunks,
+then a chunk with an empty delta and the ``finish_reason``; with
+``stream_options.include_usage`` every chunk has ``"usage": null`` and one last chunk with no
+choices carries the usage.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from hermes_async.engine.request import RequestOutput
+from hermes_async.openai.format import ChunkFormatter, response_head, usage_dict
+from hermes_async.openai.limits import Deadline, check_context
+from hermes_async.openai.logprobs import TokenTexts, chat_logprobs
+from hermes_async.openai.responses import JSONResponse, Response
+from hermes_async.openai.schemas import ChatCompletionRequest, chat_sampling_params, decode
+from hermes_async.openai.service import service
+from hermes_async.openai.state import RequestContext
+from hermes_async.openai.stream import ChoiceResult, EngineStream, collect, logprobs_of
+from hermes_async.openai.streaming import sse_response
+
+log = logging.getLogger("hermes_async.openai")
+
+
+class ChatChunks(ChunkFormatter):
+    """Chunk formatter of one streamed chat completion."""
+
+    def __init__(self, head: dict[str, Any], n: int, texts: TokenTexts | None,
+                 include_usage: bool) -> None:
+        super().__init__(head, include_usage)
+        self.n, self.texts = n, texts
+
+    def prelude(self) -> list[dict[str, Any]]:
+        return [self.chunk({"index": i, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None}) for i in range(self.n)]
+
+    def on_output(self, prompt_index: int, out: RequestOutput) -> list[dict[str, Any]]:
+        chunks = []
+        entries = logprobs_of(out) if self.texts is not None else ()
+        if out.text or entries:
+            lp = chat_logprobs(entries, self.texts) if self.texts is not None else None
+            chunks.append(self.chunk({"index": out.index, "delta": {"content": out.text},
+                                      "logprobs": lp, "finish_reason": None}))
+        if out.finish_reason is not None:
+            chunks.append(self.chunk({"index": out.index, "delta": {}, "logprobs": None,
+                                      "finish_reason": str(out.finish_reason)}))
+        return chunks
+
+
+def chat_choice(c: ChoiceResult, texts: TokenTexts | None) -> dict[str, Any]:
+    """One choice of a non-streaming chat completion."""
+    return {"index": c.index,
+            "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
+            "logprobs": chat_logprobs(c.logprobs, texts) if texts is not None else None,
+            "finish_reason": c.finish_reason}
+
+
+@service()
+async def chat_completions(ctx: RequestContext, body: bytes) -> Response:
+    """A chat completion (``stream``: SSE chunks) of the JSON request ``body``."""
+    state = ctx.state
+    cfg = state.config.server
+    engine = state.engine_or_503()
+    req = decode(body, ChatCompletionRequest)
+    state.check_model(req.model)
+    params = chat_sampling_params(req)
+    namespace = ctx.namespace(req.cache_salt)
+    prompt = await engine.assemble(req.messages, req.tools,
+                                   add_generation_prompt=req.add_generation_prompt,
+                                   namespace=namespace)
+    check_context("messages", len(prompt.token_ids), params.max_tokens, engine.max_model_len)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    log.debug("%s: namespace=%s prompt_tokens=%d assembly=%s", rid, namespace,
+              len(prompt.token_ids), prompt.cache_outcome)
+    stream = EngineStream.open(engine, [prompt.token_ids], params, request_id=rid,
+                               namespace=namespace, keepalive_s=cfg.keepalive_interval_s,
+                               deadline=Deadline(cfg.request_timeout_s))
+    head = response_head(rid, "chat.completion.chunk" if req.stream else "chat.completion",
+                         state.model_name)
+    texts = TokenTexts(engine.tokenizer) if params.logprobs else None
+    if req.stream:
+        return sse_response(stream, ChatChunks(head, params.n, texts, req.include_usage),
+                            engine.metrics)
+    try:
+        choices = await collect(stream, params.n)
+    finally:
+        stream.close()
+    return JSONResponse({**head, "choices": [chat_choice(c, texts) for c in choices],
+                         "usage": usage_dict(stream.usage)})

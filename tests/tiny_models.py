@@ -26,17 +26,20 @@ COMMON = dict(
 )
 
 
-def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0) -> Path:
-    """Write a random tiny ``arch`` (llama, qwen2, mistral) checkpoint to ``path``."""
+def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0,
+                    head_dim: int = 16) -> Path:
+    """Write a random tiny ``arch`` (llama, qwen2, mistral) checkpoint to ``path``
+    (``head_dim`` 32 or more for the kernel backends, which take no smaller heads)."""
     import transformers as tf
 
     torch.manual_seed(seed)
+    common = {**COMMON, "head_dim": head_dim}
     if arch == "llama":
-        cfg = tf.LlamaConfig(**COMMON, tie_word_embeddings=True,
+        cfg = tf.LlamaConfig(**common, tie_word_embeddings=True,
                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         model = tf.LlamaForCausalLM(cfg)
     elif arch == "qwen2":
-        cfg = tf.Qwen2Config(**COMMON, tie_word_embeddings=False)
+        cfg = tf.Qwen2Config(**common, tie_word_embeddings=False)
         model = tf.Qwen2ForCausalLM(cfg)
         with torch.no_grad():  # random init leaves biases at zero: make them matter
             for layer in model.model.layers:
@@ -44,7 +47,7 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0) -> Path:
                              layer.self_attn.v_proj):
                     proj.bias.normal_(0, 0.5)
     elif arch == "mistral":
-        cfg = tf.MistralConfig(**COMMON, tie_word_embeddings=False, sliding_window=40)
+        cfg = tf.MistralConfig(**common, tie_word_embeddings=False, sliding_window=40)
         model = tf.MistralForCausalLM(cfg)
     else:
         raise ValueError(arch)

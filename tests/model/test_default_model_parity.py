@@ -1,4 +1,5 @@
-"""The runner on the real default model (SmolLM2-135M-Instruct) against transformers, float32."""
+"""The runner on the real default model (SmolLM2-135M-Instruct) against transformers, float32,
+with every attention backend that runs here."""
 
 from __future__ import annotations
 
@@ -8,22 +9,27 @@ import torch
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.runner import ModelRunner
 from hermes_async.step import SequenceStep
-from tests.model.conftest import device_under_test
+from tests.model.conftest import device_under_test, fast_backends
 from tests.model.test_runner_parity import greedy_with_runner
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def real(default_model_dir):
+def oracle_and_tokenizer(default_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    runner = ModelRunner(default_model_dir,
-                         ModelConfig(dtype="float32", device=device_under_test()),
-                         CacheConfig(kv_cache_bytes=64 << 20))
     oracle = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
-    return runner, oracle, tokenizer
+    return oracle, AutoTokenizer.from_pretrained(default_model_dir)
+
+
+@pytest.fixture(scope="module", params=["torch", *fast_backends()])
+def real(request, default_model_dir, oracle_and_tokenizer):
+    runner = ModelRunner(default_model_dir,
+                         ModelConfig(dtype="float32", device=device_under_test(),
+                                     attention_backend=request.param),
+                         CacheConfig(kv_cache_bytes=64 << 20))
+    return runner, *oracle_and_tokenizer
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:

@@ -98,7 +98,8 @@ def test_runner_resolves_auto_and_logs_it_once(tiny_dir, monkeypatch, caplog, fl
         runner = make_runner(tiny_dir, dtype="auto")
     assert runner.dtype_name == expected and runner.dtype == torch_dtype
     assert runner.model.embed.dtype == torch_dtype and runner.pool.tensor.dtype == torch_dtype
-    lines = [r.getMessage() for r in caplog.records if r.name == "hermes_async.model"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hermes_async.model"
+             and r.getMessage().startswith("model dtype")]
     assert lines == [f"model dtype: {runner.dtype_reason}"]
     assert runner.dtype_reason.startswith(f"{expected} (auto: CPU has ")
 

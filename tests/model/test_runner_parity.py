@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hermes_async.step import SequenceStep
-from tests.model.conftest import BlockAllocator, make_runner
+from tests.model.conftest import KERNEL_HEAD_DIM, BlockAllocator, fast_backends, make_runner
 
 TOL = 1e-3
 
@@ -27,26 +27,31 @@ def blocks_for(n_tokens: int, bs: int) -> int:
     return -(-n_tokens // bs)
 
 
-def test_full_prefill_matches_transformers(tiny_arch_dir, oracle_for):
-    runner = make_runner(tiny_arch_dir)
+def test_full_prefill_matches_transformers(tiny_case, oracle_for):
+    path, backend = tiny_case
+    runner = make_runner(path, backend=backend)
+    bs = runner.block_size
     alloc = BlockAllocator(runner.num_blocks)
-    for n in (1, 7, 8, 9, 61):  # below, at and past block boundaries; past mistral's window
+    # below, at and past block boundaries; past mistral's window
+    for n in sorted({1, 7, bs - 1, bs, bs + 1, 61}):
         ids = prompt(n, seed=n)
         table = tuple(alloc.take(blocks_for(n, runner.block_size)))
         ours = runner.forward([SequenceStep(table, 0, tuple(ids))])[0].cpu()
-        ref = oracle_last_logits(oracle_for(tiny_arch_dir), ids)
+        ref = oracle_last_logits(oracle_for(path), ids)
         assert (ours - ref).abs().max().item() < TOL, n
 
 
-def test_prefill_after_cached_blocks_equals_full_prefill(tiny_arch_dir):
-    runner = make_runner(tiny_arch_dir)
+def test_prefill_after_cached_blocks_equals_full_prefill(tiny_case):
+    path, backend = tiny_case
+    runner = make_runner(path, backend=backend)
     bs = runner.block_size
     alloc = BlockAllocator(runner.num_blocks, seed=1)
-    ids = prompt(53, seed=3)
-    full_table = tuple(alloc.take(blocks_for(53, bs)))
+    n = 6 * bs + 5
+    ids = prompt(n, seed=3)
+    full_table = tuple(alloc.take(blocks_for(n, bs)))
     full = runner.forward([SequenceStep(full_table, 0, tuple(ids))])[0]
     for k in (1, 3, 6):  # cached blocks written by an earlier step
-        table = tuple(alloc.take(blocks_for(53, bs)))
+        table = tuple(alloc.take(blocks_for(n, bs)))
         runner.forward([SequenceStep(table, 0, tuple(ids[: k * bs]))])
         resumed = runner.forward([SequenceStep(table, k * bs, tuple(ids[k * bs:]))])[0]
         assert (resumed - full).abs().max().item() < TOL, k
@@ -73,8 +78,9 @@ def test_wrong_block_table_breaks_parity(tiny_dir):
     assert (resumed - full).abs().max().item() < TOL  # and the right table still agrees
 
 
-def test_mixed_step_equals_each_sequence_alone(tiny_arch_dir):
-    runner = make_runner(tiny_arch_dir)
+def test_mixed_step_equals_each_sequence_alone(tiny_case):
+    path, backend = tiny_case
+    runner = make_runner(path, backend=backend)
     bs = runner.block_size
     alloc = BlockAllocator(runner.num_blocks, seed=3)
     # 5 decoding sequences: history already in the pool, one new token each.
@@ -86,7 +92,7 @@ def test_mixed_step_equals_each_sequence_alone(tiny_arch_dir):
         decodes.append(SequenceStep(table, n, (ids[n],)))
     # 3 prefills: fresh, starting after 2 cached blocks, starting after 1 cached block.
     prefills = []
-    for i, (n, cached_blocks) in enumerate(((23, 0), (38, 2), (12, 1))):
+    for i, (n, cached_blocks) in enumerate(((23, 0), (2 * bs + 22, 2), (bs + 4, 1))):
         ids = prompt(n, seed=200 + i)
         table = tuple(alloc.take(blocks_for(n, bs)))
         start = cached_blocks * bs
@@ -115,11 +121,12 @@ def greedy_with_runner(runner, ids: list[int], new_tokens: int) -> list[int]:
     return out
 
 
-def test_greedy_generation_matches_transformers_generate(tiny_arch_dir, oracle_for):
-    runner = make_runner(tiny_arch_dir)
+def test_greedy_generation_matches_transformers_generate(tiny_case, oracle_for):
+    path, backend = tiny_case
+    runner = make_runner(path, backend=backend)
     ids = prompt(19, seed=7)
     ours = greedy_with_runner(runner, ids, 48)
-    oracle = oracle_for(tiny_arch_dir)
+    oracle = oracle_for(path)
     with torch.no_grad():
         ref = oracle.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False,
                               eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
@@ -141,9 +148,12 @@ def test_bad_steps_raise_clear_errors(tiny_dir, bad):
         runner.forward([steps[bad]])
 
 
-def test_bfloat16_decode_path_agrees_with_prefill(tiny_dir):
-    """bfloat16 on the CPU decodes through the matmul path; it must agree with a prefill."""
-    runner = make_runner(tiny_dir, dtype="bfloat16")
+@pytest.mark.parametrize("backend", ["torch", *fast_backends()])
+def test_bfloat16_decode_path_agrees_with_prefill(tiny_models, backend):
+    """bfloat16 on the CPU decodes through the matmul path (torch) or the kernels; it must
+    agree with a prefill."""
+    path = tiny_models("llama", 16 if backend == "torch" else KERNEL_HEAD_DIM)
+    runner = make_runner(path, dtype="bfloat16", backend=backend)
     alloc = BlockAllocator(runner.num_blocks, seed=4)
     seqs = [prompt(n, seed=300 + n) for n in (9, 26, 40)]
     tables = [tuple(alloc.take(blocks_for(len(s), runner.block_size))) for s in seqs]
@@ -180,7 +190,7 @@ def test_cascade_decodes_over_shared_blocks_equal_each_alone(tiny_dir, dtype):
     steps.append(SequenceStep(lone_table, 20, (9,)))
     fresh = prompt(30, seed=601)
     steps.insert(3, SequenceStep(tuple(alloc.take(blocks_for(30, bs))), 0, tuple(fresh)))
-    _order, groups = runner._order(steps)
+    groups = runner.attention.order(steps).hint
     assert groups == [(4, 5), (3, 3)]  # grouped, sharing 5 and 3 blocks
     mixed = runner.forward(steps)
     tol = TOL if dtype == "float32" else 0.03 * mixed.abs().max().item()

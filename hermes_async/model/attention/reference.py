@@ -1,4 +1,6 @@
-"""Paged attention over the KV pool, in plain torch (CPU and CUDA alike).
+"""The reference attention backend (``torch``): paged attention in plain torch, CPU and CUDA.
+
+Every other backend is tested against this one.
 
 One step's tokens arrive packed: decodes first (one token each; those sharing a cached prefix
 grouped first), then each prefill chunk as a contiguous run. Every layer writes the new K/V
@@ -10,12 +12,21 @@ call (causal, offset by the cached prefix it starts after).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from hermes_async.model.cascade import CascadeGroup, cascade_attention
+from hermes_async.model.attention.base import AttentionBackend, AttentionPlan, Ordering
+from hermes_async.model.attention.cascade import (
+    MIN_GROUP,
+    CascadeGroup,
+    build_group,
+    cascade_attention,
+    plan_groups,
+)
+from hermes_async.step import SequenceStep
 
 
 @dataclass
@@ -52,7 +63,7 @@ class PrefillChunk:
 
 
 @dataclass
-class AttentionMetadata:
+class AttentionMetadata(AttentionPlan):
     """Per-step attention inputs shared by every layer."""
 
     slot_mapping: torch.Tensor  # [T] long: block_id * block_size + offset of each new token
@@ -77,6 +88,68 @@ class AttentionMetadata:
                 allowed &= k_pos > lens - 1 - window
             self._decode_masks[window] = allowed[:, None, None, :]
         return self._decode_masks[window]
+
+    def attend(self, kv: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+        k_blocks, v_blocks = kv
+        slots = (k_blocks.view(-1, *k_blocks.shape[2:]), v_blocks.view(-1, *v_blocks.shape[2:]))
+        return paged_attention(q, k, v, kv, slots, self, scale, window)
+
+
+class TorchBackend(AttentionBackend):
+    """Plain torch over the ``nhd`` pool; decodes sharing cached blocks go through cascade
+    attention (off with sliding windows, whose masks it does not apply)."""
+
+    name = "torch"
+    kv_layout = "nhd"
+
+    def __init__(self, block_size: int, device: torch.device, use_cascade: bool = True) -> None:
+        self.block_size = block_size
+        self.device = device
+        self.use_cascade = use_cascade
+
+    def order(self, steps: Sequence[SequenceStep]) -> Ordering:
+        """Decodes in cascade groups (group by group), other decodes, prefills; the hint is
+        each group's (size, shared block count), in packed order."""
+        decodes = [i for i, s in enumerate(steps) if s.is_decode]
+        prefills = [i for i, s in enumerate(steps) if not s.is_decode]
+        groups: list[tuple[list[int], int]] = []
+        if self.use_cascade and len(decodes) >= MIN_GROUP:
+            local = plan_groups([steps[i] for i in decodes], self.block_size)
+            groups = [([decodes[j] for j in g], n) for g, n in local]
+        grouped = {i for g, _ in groups for i in g}
+        order = [i for g, _ in groups for i in g] + [i for i in decodes if i not in grouped]
+        return Ordering(order + prefills, [(len(g), n) for g, n in groups])
+
+    def plan(self, packed: Sequence[SequenceStep], slot_mapping: torch.Tensor,
+             ordering: Ordering) -> AttentionMetadata:
+        dev, bs = self.device, self.block_size
+        groups: list[tuple[int, int]] = ordering.hint or []  # type: ignore[assignment]
+        decodes = [s for s in packed if s.is_decode]
+        cascade, start = [], 0
+        for size, shared in groups:
+            cascade.append(build_group(decodes[start:start + size], start, shared, bs, dev))
+            start += size
+        plain = decodes[start:]
+        tables = lens = None
+        if plain:
+            need = [-(-s.context_len // bs) for s in plain]
+            width = max(need)
+            rows = [list(s.block_table[:k]) + [0] * (width - k)
+                    for s, k in zip(plain, need, strict=True)]
+            tables = torch.tensor(rows, dtype=torch.long, device=dev)
+            lens = torch.tensor([s.context_len for s in plain], dtype=torch.long, device=dev)
+        prefills, offset = [], len(decodes)
+        for s in packed[len(decodes):]:
+            need = -(-s.context_len // bs)
+            table = torch.tensor(s.block_table[:need], dtype=torch.long, device=dev)
+            prefills.append(PrefillChunk(offset, offset + s.num_new_tokens, s.start_pos, table))
+            offset += s.num_new_tokens
+        return AttentionMetadata(
+            slot_mapping=slot_mapping,
+            num_decodes=len(decodes), decode_block_tables=tables, decode_context_lens=lens,
+            prefills=prefills, block_size=bs, cascade_groups=cascade, num_cascade=start,
+        )
 
 
 def paged_attention(

@@ -1,0 +1,69 @@
+"""The attention backend seam: plan once per step, then attend once per layer.
+
+The runner hands a backend the step's :class:`~hermes_async.step.SequenceStep` list. The
+backend picks the packed order (:meth:`AttentionBackend.order`; decodes first, then prefill
+chunks), and, once the runner has computed every new token's position and pool slot, builds an
+:class:`AttentionPlan` (:meth:`AttentionBackend.plan`): block tables, lengths and whatever its
+kernels need, as tensors on the device. Each layer then calls :meth:`AttentionPlan.attend`,
+which writes the layer's new K/V into the pool at their slots and returns the attention output
+of every new token.
+
+A backend also says how it wants the pool laid out (:attr:`AttentionBackend.kv_layout`):
+``"nhd"`` is ``[num_blocks, block_size, kv_heads, head_dim]`` per layer for K and for V,
+``"hnd"`` is ``[num_blocks, kv_heads, block_size, head_dim]``.
+
+Backends: ``torch`` (:mod:`.reference`, plain torch, CPU and CUDA: the reference that every
+other backend is tested against), ``vllm-cpu`` (:mod:`.vllm_cpu`, vLLM's CPU paged-attention
+kernels, reading K/V in place).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from hermes_async.step import SequenceStep
+
+KVLayout = Literal["nhd", "hnd"]
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """The packed order of a step: ``indices[p]`` is the step index at packed position ``p``;
+    ``hint`` carries what the backend worked out on the way (e.g. cascade groups) to
+    :meth:`AttentionBackend.plan`."""
+
+    indices: list[int]
+    hint: object = None
+
+
+class AttentionPlan(ABC):
+    """One step's attention inputs, shared by every layer."""
+
+    @abstractmethod
+    def attend(self, kv: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+        """Write ``k``/``v`` (``[T, kv_heads, d]``) into the layer's pool ``kv`` (K and V in the
+        backend's layout), attend, and return ``[T, heads, d]`` in packed order."""
+
+
+class AttentionBackend(ABC):
+    """Builds plans for one model's shapes; stateless between steps."""
+
+    name: ClassVar[str]
+    kv_layout: ClassVar[KVLayout] = "nhd"
+
+    def order(self, steps: Sequence[SequenceStep]) -> Ordering:
+        """Decodes first (in the given order), then prefill chunks."""
+        decodes = [i for i, s in enumerate(steps) if s.is_decode]
+        return Ordering(decodes + [i for i, s in enumerate(steps) if not s.is_decode])
+
+    @abstractmethod
+    def plan(self, packed: Sequence[SequenceStep], slot_mapping: torch.Tensor,
+             ordering: Ordering) -> AttentionPlan:
+        """The plan of ``packed`` (the steps in :meth:`order`'s order); ``slot_mapping`` is the
+        pool slot of every new token, on the device."""

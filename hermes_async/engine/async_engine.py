@@ -6,8 +6,9 @@
         async for out in engine.generate("Hello", SamplingParams(max_tokens=32)):
             print(out.text, end="")
 
-One task runs the step loop (plan -> forward in a dedicated worker thread -> apply results);
-another evicts and prunes the prefix cache in the background between steps. Breaking out of
+One task runs the step loop (plan -> forward in a dedicated worker thread -> apply results;
+with ``scheduler.overlap`` a step's outputs are built while the next forward runs); another
+evicts and prunes the prefix cache in the background between steps. Breaking out of
 ``generate`` or cancelling the task that iterates it aborts the request and releases its KV
 blocks at once. No globals: several engines can live in one process.
 
@@ -42,10 +43,11 @@ from hermes_async.engine.errors import EngineError, NamespaceBusyError, QueueFul
 from hermes_async.engine.output_text import output_text_factory
 from hermes_async.engine.parts import EngineParts, OutputTextFactory, PartsLoader, Tokenizer
 from hermes_async.engine.request import EngineRequest, RequestOutput
+from hermes_async.engine.scheduler import ScheduledBatch
 from hermes_async.metrics import EngineMetrics
 from hermes_async.observe.cache_observer import CacheObserver
 from hermes_async.prompt import AssembledPrompt, PromptAssembler, encode_text
-from hermes_async.step import StepRunner
+from hermes_async.step import SampledToken, SequenceStep, StepRunner
 from hermes_async.types import InvalidParameter, SamplingParams
 
 log = logging.getLogger("hermes_async.engine")
@@ -54,6 +56,14 @@ DEFAULT_NAMESPACE = "default"
 
 __all__ = ["DEFAULT_NAMESPACE", "AsyncEngine", "CacheResetResult", "EngineError", "EngineLoad",
            "NamespaceBusyError", "QueueFullError", "WarmResult"]
+
+
+def timed_execute(execute: Callable[[list[SequenceStep]], list[SampledToken | None]],
+                  steps: list[SequenceStep]) -> tuple[list[SampledToken | None], float]:
+    """``execute(steps)`` (in the worker thread) and its wall time in seconds."""
+    t0 = time.perf_counter()
+    results = execute(steps)
+    return results, time.perf_counter() - t0
 
 
 def report_decoder(tokenizer: Tokenizer | None) -> Callable[[Sequence[int]], str]:
@@ -442,29 +452,47 @@ class AsyncEngine:
         return self.core
 
     async def _step_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        core = self.core
-        assert core is not None
+        """Plan, forward in the worker thread, commit -- step after step.
+
+        With ``scheduler.overlap`` a step's emit (``EngineCore.emit_deferred``: detokenize,
+        stop strings, outputs) runs once the next step's forward is launched, while it runs;
+        without, right after its commit. Either way nothing stays deferred across any other
+        await, so handlers (new requests, aborts) and the background task only ever run
+        between a step's emit and the next commit.
+        """
+        core = self._require_started_core()
+        overlap = self.config.scheduler.overlap
         while True:
             if not core.scheduler.has_work:
+                core.emit_deferred()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             batch = core.plan_step()
             if not batch.steps:
+                core.emit_deferred()
                 await asyncio.sleep(0)
                 continue
-            t0 = time.perf_counter()
-            try:
-                results = await loop.run_in_executor(self._executor, core.runner.execute,
-                                                     batch.steps)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - any runner failure fails this step only
-                core.fail_step(batch, e)
-                continue
-            core.finish_step(batch, results, time.perf_counter() - t0)
-            await asyncio.sleep(0)  # let handlers and the background task run between steps
+            await self._run_step(core, batch)
+            if not overlap:
+                core.emit_deferred()
+                await asyncio.sleep(0)  # let handlers and the background task run
+
+    async def _run_step(self, core: EngineCore, batch: ScheduledBatch) -> None:
+        """Launch the forward of ``batch``, emit the previous step while it runs, then commit
+        ``batch`` (or fail its requests if the forward raised)."""
+        loop = asyncio.get_running_loop()
+        forward = loop.run_in_executor(self._executor, timed_execute, core.runner.execute,
+                                       batch.steps)
+        core.emit_deferred()  # overlapped with the forward
+        try:
+            results, seconds = await forward
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any runner failure fails this step only
+            core.fail_step(batch, e)
+            return
+        core.commit_step(batch, results, seconds)
 
     async def _background_loop(self) -> None:
         core = self.core

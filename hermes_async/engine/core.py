@@ -1,15 +1,26 @@
 """The engine's synchronous core: requests in, steps planned, results turned into outputs.
 
 Everything here runs on the event loop that owns the engine (no locks): ``plan_step`` picks
-the next batch, the async wrapper runs ``runner.execute`` in its worker thread, then
-``finish_step`` (or ``fail_step``) records the results, detokenizes, applies stop rules and
-pushes :class:`RequestOutput` to each request's queue.
+the next batch, the async wrapper runs ``runner.execute`` in its worker thread, then a step's
+results are applied in two parts:
+
+- ``commit_step`` (cheap, before the next plan): computed lengths, newly full blocks, the
+  sampled tokens, and every sequence that a token id or a length ends (EOS, stop token ids,
+  ``max_tokens``, the model's context) leaves the scheduler, so no step is spent on it;
+- ``emit_deferred`` (the costly Python): each committed token through the sequence's
+  detokenizer and stop strings, a :class:`RequestOutput` on the request's queue, latencies.
+  With overlapped scheduling it runs while the next step's forward does; a stop string found
+  there ends its sequence like an abort (that step's result for it is dropped).
+
+``finish_step`` is both at once; ``fail_step`` fails a step whose forward raised.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from enum import Enum
 
 from hermes_async.cache.manager import KVCacheManager
 from hermes_async.cache.pins import PinLimitError
@@ -30,6 +41,27 @@ from hermes_async.types import FinishReason
 log = logging.getLogger("hermes_async.engine")
 
 
+class TokenEnd(Enum):
+    """Why a committed token ends its sequence, as far as ids and lengths tell (stop strings
+    need the text: they are found when the token is emitted)."""
+
+    STOP_ID = "stop_id"
+    """EOS (unless ``ignore_eos``) or a stop token id: finish reason stop, the id not streamed."""
+    LENGTH = "length"
+    """``max_tokens`` or the model's context: finish reason length -- stop if a stop string
+    matches the text released at the end."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingToken:
+    """A token committed to ``seq.tokens`` whose output is not built yet; ``end`` is set when
+    the sequence already left the scheduler because of it."""
+
+    seq: Sequence
+    sampled: SampledToken
+    end: TokenEnd | None
+
+
 class EngineCore:
     """Scheduler + KV cache manager + request table over one :class:`StepRunner`."""
 
@@ -46,6 +78,7 @@ class EngineCore:
                                                 runner.block_size)
         self.scheduler = Scheduler(config.scheduler, self.cache, self._sampling_request)
         self.requests: dict[str, EngineRequest] = {}
+        self._deferred: list[PendingToken] = []  # committed, not emitted yet (commit order)
 
     # ----- requests -------------------------------------------------------------------------
     def add(self, req: EngineRequest) -> None:
@@ -63,11 +96,13 @@ class EngineCore:
         self.metrics.prompt_tokens.labels(req.namespace).inc(len(req.prompt_ids))
 
     def abort(self, request_id: str) -> bool:
-        """Abort at once: blocks released now (safe mid-step: nothing allocates until the next
-        plan, and the step's results for it are dropped). False if unknown or finished."""
+        """Abort at once: its deferred tokens are emitted first, then blocks released now (safe
+        mid-step: nothing allocates until the next plan, and the step's results for it are
+        dropped). False if unknown or finished."""
         req = self.requests.get(request_id)
         if req is None:
             return False
+        self._emit_deferred_of(req)
         for seq in req.sequences:
             if not seq.is_finished:
                 self._finish(seq, FinishReason.ABORT, "")
@@ -89,25 +124,55 @@ class EngineCore:
         self.update_gauges()
         return batch
 
-    def finish_step(self, batch: ScheduledBatch, results: list[SampledToken | None],
+    def commit_step(self, batch: ScheduledBatch, results: list[SampledToken | None],
                     seconds: float) -> None:
-        """Apply a step's sampled tokens: detokenize, stop checks, outputs, releases."""
+        """Apply the cheap part of a step, before the next plan: advance computed lengths,
+        cache newly full blocks, append each sampled token, and take out of the scheduler each
+        sequence that EOS, a stop token id, ``max_tokens`` or the model's context ends (a
+        warm-up's prompt pinned first), so no later step includes it. The tokens wait, in
+        order, for :meth:`emit_deferred` (due before the next commit: the step loop calls it
+        right after launching the next forward, or at once). Sequences that left the running
+        set during the step (aborted, or ended by a stop string while it ran) are skipped:
+        their result is dropped."""
         self.metrics.step_seconds.observe(seconds)
         self.metrics.step_tokens.observe(batch.num_tokens)
         self.metrics.step_seqs.observe(len(batch.steps))
         tokens = [None if r is None else r.token_id for r in results]
-        now = time.monotonic()
         for i in self.scheduler.update_from_output(batch, tokens):
-            sampled = results[i]
+            sampled, seq = results[i], batch.seqs[i]
             assert sampled is not None
-            self._on_token(batch.seqs[i], sampled, now)
+            end = self._token_end(seq, sampled.token_id)
+            if end is not None:
+                self._retire(seq, pin=True)  # reason stop or length: a warm-up pins
+            self._deferred.append(PendingToken(seq, sampled, end))
         self.update_gauges()
 
+    def emit_deferred(self) -> None:
+        """Apply the costly part of the committed steps, in commit order: each token through
+        its sequence's output text (incremental detokenizer, stop strings), its
+        :class:`RequestOutput` queued (the last one with the finish reason and, for the
+        request's last sequence, the usage), TTFT and ITL observed. A stop string ends its
+        sequence here: blocks released at once, and a step already in flight drops its result
+        for it. No-op when nothing is deferred."""
+        if not self._deferred:
+            return
+        pending, self._deferred = self._deferred, []
+        self._emit(pending)
+
+    def finish_step(self, batch: ScheduledBatch, results: list[SampledToken | None],
+                    seconds: float) -> None:
+        """Apply a step at once (sequential scheduling): :meth:`commit_step` then
+        :meth:`emit_deferred`."""
+        self.commit_step(batch, results, seconds)
+        self.emit_deferred()
+
     def fail_step(self, batch: ScheduledBatch, error: BaseException) -> None:
-        """A forward raised: fail the requests of this step only; the loop goes on."""
-        log.exception("forward step failed; failing %d sequence(s)", len(batch.seqs),
+        """A forward raised: fail the requests of this step whose sequences were still running
+        in it (not those aborted or ended by a stop string while it ran); the loop goes on."""
+        live = [seq for seq in batch.seqs if not seq.is_finished]
+        log.exception("forward step failed; failing %d sequence(s)", len(live),
                       exc_info=error)
-        for req in {id(seq.request): seq.request for seq in batch.seqs}.values():
+        for req in {id(seq.request): seq.request for seq in live}.values():
             self._fail_request(req, f"model execution failed: {error}", "engine_error")
 
     def background(self) -> None:
@@ -140,48 +205,86 @@ class EngineCore:
         log.debug("request %s admitted: start_position=%d of %d prompt tokens", seq.seq_id,
                   matched, seq.num_prompt_tokens)
 
-    def _on_token(self, seq: Sequence, sampled: SampledToken, now: float) -> None:
-        req, p = seq.request, seq.request.params
-        token = sampled.token_id
+    def _token_end(self, seq: Sequence, token: int) -> TokenEnd | None:
+        """Whether ``token`` (just appended to ``seq.tokens``) ends ``seq`` without looking at
+        its text."""
+        p = seq.request.params
+        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+            return TokenEnd.STOP_ID
+        if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
+                len(seq.tokens) >= self.runner.max_model_len:
+            return TokenEnd.LENGTH
+        return None
+
+    def _emit(self, pending: list[PendingToken]) -> None:
+        now = time.monotonic()
+        for item in pending:
+            if not item.seq.is_done:  # else ended meanwhile (abort, failure): nothing follows
+                self._on_token(item, now)
+
+    def _emit_deferred_of(self, req: EngineRequest) -> None:
+        """Emit ``req``'s deferred tokens now, before it is aborted or failed (the others stay
+        deferred): its outputs keep their order and none follows a sequence's last."""
+        mine = [item for item in self._deferred if item.seq.request is req]
+        if mine:
+            self._deferred = [item for item in self._deferred if item.seq.request is not req]
+            self._emit(mine)
+
+    def _observe_latency(self, seq: Sequence, now: float) -> None:
+        """TTFT (of a request's first sequence) or ITL, as the token's output is queued."""
         if seq.first_token_time is None:
             seq.first_token_time = now
             if seq.index == 0:
-                self.metrics.ttft.observe(now - req.arrival_time)
+                self.metrics.ttft.observe(now - seq.request.arrival_time)
         elif seq.last_token_time is not None:
             self.metrics.itl.observe(now - seq.last_token_time)
         seq.last_token_time = now
+
+    @staticmethod
+    def _text_of(seq: Sequence, token: int,
+                 end: TokenEnd | None) -> tuple[FinishReason | None, str, tuple[int, ...]]:
+        """The token's text delta, the finish reason it brings (None: the sequence goes on)
+        and the ids to stream (an EOS or stop token id is not streamed)."""
+        if end is TokenEnd.STOP_ID:
+            return FinishReason.STOP, seq.output_text.finish().text, ()
+        delta = seq.output_text.append(token)
+        if delta.stopped:
+            return FinishReason.STOP, delta.text, (token,)
+        if end is TokenEnd.LENGTH:
+            tail = seq.output_text.finish()  # a stop string may still match held-back text
+            reason = FinishReason.STOP if tail.stopped else FinishReason.LENGTH
+            return reason, delta.text + tail.text, (token,)
+        return None, delta.text, (token,)
+
+    def _on_token(self, item: PendingToken, now: float) -> None:
+        seq, sampled = item.seq, item.sampled
+        req, p = seq.request, seq.request.params
+        self._observe_latency(seq, now)
         self.metrics.generation_tokens.labels(req.namespace).inc()
-        reason = None
-        emitted_ids: tuple[int, ...] = (token,)
-        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
-            reason, text, emitted_ids = FinishReason.STOP, seq.output_text.finish().text, ()
-        else:
-            delta = seq.output_text.append(token)
-            text = delta.text
-            if delta.stopped:
-                reason = FinishReason.STOP
-            elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
-                    len(seq.tokens) >= self.runner.max_model_len:
-                tail = seq.output_text.finish()  # a stop string may still match held-back text
-                reason = FinishReason.STOP if tail.stopped else FinishReason.LENGTH
-                text += tail.text
+        reason, text, emitted_ids = self._text_of(seq, sampled.token_id, item.end)
         logprobs: tuple[TokenLogprob, ...] = ()
         if p.logprobs and sampled.logprob is not None:
-            logprobs = (TokenLogprob(token, sampled.logprob, sampled.top_logprobs),)
+            logprobs = (TokenLogprob(sampled.token_id, sampled.logprob, sampled.top_logprobs),)
         if reason is None:  # every new token is streamed, even when its text is held back
             req.queue.put_nowait(RequestOutput(req.request_id, seq.index, text, emitted_ids,
                                                logprobs=logprobs))
         else:
             self._finish(seq, reason, text, emitted_ids, logprobs)
 
+    def _retire(self, seq: Sequence, pin: bool) -> None:
+        """Take ``seq`` out of the scheduler and release its blocks; with ``pin``, a warm-up
+        request's cached prompt is pinned first."""
+        if pin and seq.request.pin_ttl_s is not None and seq.seq_id in self.cache:
+            self._pin(seq)
+        self.scheduler.remove(seq)
+
     def _finish(self, seq: Sequence, reason: FinishReason, text: str,
                 token_ids: tuple[int, ...] = (), logprobs: tuple[TokenLogprob, ...] = (),
                 error: str | None = None) -> None:
+        """Queue ``seq``'s last output (retiring it first if a commit has not already)."""
         req = seq.request
-        if req.pin_ttl_s is not None and reason in (FinishReason.STOP, FinishReason.LENGTH) \
-                and seq.seq_id in self.cache:
-            self._pin(seq)
-        self.scheduler.remove(seq)
+        if not seq.is_finished:
+            self._retire(seq, pin=reason in (FinishReason.STOP, FinishReason.LENGTH))
         seq.finish_reason = reason
         usage = None
         if req.finished:
@@ -200,6 +303,10 @@ class EngineCore:
             req.pin_error = str(e)
 
     def _fail_request(self, req: EngineRequest, message: str, code: str) -> None:
+        """Fail every sequence of ``req`` not finished yet (its deferred tokens emitted first)."""
+        self._emit_deferred_of(req)
+        if req.finished:
+            return
         req.error = message
         self.metrics.request_errors.labels(code).inc()
         for seq in req.sequences:

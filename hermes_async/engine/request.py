@@ -94,7 +94,14 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
+        """Out of the scheduler: never scheduled again, its blocks released. Its last output
+        may still be waiting for the step's emit (see :attr:`is_done`)."""
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def is_done(self) -> bool:
+        """Its last output (the one with ``finish_reason``) is queued."""
+        return self.finish_reason is not None
 
 
 @dataclass(eq=False)
@@ -115,7 +122,8 @@ class EngineRequest:
 
     @property
     def finished(self) -> bool:
-        return all(s.is_finished for s in self.sequences)
+        """Every sequence's last output is queued (the last of them carries the usage)."""
+        return all(s.is_done for s in self.sequences)
 
     def usage(self) -> Usage:
         cached = (self.sequences[0].cached_tokens or 0) if self.sequences else 0

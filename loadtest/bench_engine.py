@@ -55,6 +55,20 @@ def build_prompts(tokenizer, n: int, system_tokens: int) -> tuple[list[list[int]
     return prompts, len(tokenizer.encode(system))
 
 
+def _timed(obj, name: str, record) -> None:
+    """Replace ``obj.name`` by a wrapper that calls ``record(start, end)`` after each call."""
+    fn = getattr(obj, name)
+
+    def timed(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            record(t0, time.perf_counter())
+
+    setattr(obj, name, timed)
+
+
 class StepProfile:
     """Where a step's time goes, collected by wrapping the engine's methods by name.
 
@@ -70,29 +84,15 @@ class StepProfile:
         self.forwards: list[tuple[float, float]] = []
 
     def wrap(self, obj, name: str, label: str) -> None:
-        fn = getattr(obj, name)
+        """Add each call's wall time of ``obj.name`` to the phase ``label``."""
+        def add(t0: float, t1: float) -> None:
+            self.seconds[label] += t1 - t0
 
-        def timed(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.seconds[label] += time.perf_counter() - t0
-
-        setattr(obj, name, timed)
+        _timed(obj, name, add)
 
     def wrap_forward(self, obj, name: str) -> None:
         """Record the start and end of each call of ``obj.name`` (the step's forward)."""
-        fn = getattr(obj, name)
-
-        def timed(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.forwards.append((t0, time.perf_counter()))
-
-        setattr(obj, name, timed)
+        _timed(obj, name, lambda t0, t1: self.forwards.append((t0, t1)))
 
     @property
     def steps(self) -> int:

@@ -12,9 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from hermes_async.model.attention.base import AttentionBackend, AttentionPlan, KVLayout, Ordering
+from hermes_async.model.attention.base import (
+    AttentionBackend,
+    AttentionPlan,
+    BackendUnavailable,
+    KVLayout,
+    Ordering,
+)
 from hermes_async.model.attention.reference import TorchBackend
-from hermes_async.model.attention.vllm_cpu import BackendUnavailable
 from hermes_async.model.spec import ModelSpec
 
 BACKENDS = ("auto", "torch", "vllm-cpu", "flashinfer")

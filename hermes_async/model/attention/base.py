@@ -31,6 +31,11 @@ from hermes_async.step import SequenceStep
 KVLayout = Literal["nhd", "hnd"]
 
 
+class BackendUnavailable(RuntimeError):
+    """A backend cannot run here (missing library, unsupported device, dtype or shapes); the
+    message says why (``auto`` logs it at start-up and falls back to ``torch``)."""
+
+
 @dataclass(frozen=True)
 class Ordering:
     """The packed order of a step: ``indices[p]`` is the step index at packed position ``p``;

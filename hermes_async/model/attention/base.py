@@ -14,7 +14,8 @@ A backend also says how it wants the pool laid out (:attr:`AttentionBackend.kv_l
 
 Backends: ``torch`` (:mod:`.reference`, plain torch, CPU and CUDA: the reference that every
 other backend is tested against), ``vllm-cpu`` (:mod:`.vllm_cpu`, vLLM's CPU paged-attention
-kernels, reading K/V in place).
+kernels, reading K/V in place), ``flashinfer`` (:mod:`.flashinfer_cuda`, CUDA, experimental:
+never run on a GPU yet).
 """
 
 from __future__ import annotations

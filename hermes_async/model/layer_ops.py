@@ -6,8 +6,8 @@ the reference). :class:`VllmCpuLayerOps` runs each from the same vLLM CPU librar
 ``vllm-cpu`` attention backend: the linears through oneDNN matmuls over weights prepacked once
 at start-up (``create_onednn_mm_handler`` / ``onednn_mm``: 1.3-4.7x faster than ``F.linear``
 at decode batch sizes on a Zen 4, bit-identical in bfloat16), the rest as one fused kernel each
-(``rms_norm``, ``fused_add_rms_norm``, ``rotary_embedding``, ``silu_and_mul``). The runner
-picks it together with that backend. Both compute in float32 inside the norms.
+(``rms_norm``, ``fused_add_rms_norm``, ``rotary_embedding``, ``silu_and_mul``). That backend
+provides it (``AttentionBackend.layer_ops``). Both compute in float32 inside the norms.
 """
 
 from __future__ import annotations

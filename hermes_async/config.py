@@ -232,6 +232,37 @@ class ServerConfig:
             raise ConfigError("server.retry_after_s must be >= 0")
 
 
+_TOOL_PARSERS = ("generic", "hermes", "llama3_json", "mistral")
+
+
+@dataclass(frozen=True)
+class StructuredConfig:
+    """Structured outputs and tool calls.
+
+    grammar_cache_size: compiled constraints (JSON schemas, regexes, grammars) kept in the LRU.
+    tool_call_parser: how tool calls are read from the model's output: ``generic`` (the JSON
+        format the engine itself prompts for when the chat template has no tool support),
+        ``hermes`` (``<tool_call>`` blocks: Hermes, Qwen), ``llama3_json``, ``mistral``
+        (``[TOOL_CALLS]``); ``None`` picks it from the chat template.
+    """
+
+    grammar_cache_size: int = 256
+    tool_call_parser: str | None = None
+    json_fraction_digits: int | None = 6
+    json_integer_digits: int | None = 15
+
+    def __post_init__(self) -> None:
+        for name in ("json_fraction_digits", "json_integer_digits"):
+            value = getattr(self, name)
+            if value is not None and not 1 <= value <= 30:
+                raise ConfigError(f"structured.{name} must be in [1, 30] (or absent)")
+        if self.grammar_cache_size < 1:
+            raise ConfigError("structured.grammar_cache_size must be >= 1")
+        if self.tool_call_parser is not None and self.tool_call_parser not in _TOOL_PARSERS:
+            raise ConfigError(f"structured.tool_call_parser must be one of "
+                              f"{', '.join(_TOOL_PARSERS)} (or absent to detect it)")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything an engine needs; sections mirror ``configs/default.toml``."""
@@ -240,6 +271,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    structured: StructuredConfig = field(default_factory=StructuredConfig)
 
     def replace(self, **sections: Any) -> EngineConfig:
         """Return a copy with whole sections or ``section.key`` overrides replaced.

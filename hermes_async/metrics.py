@@ -48,6 +48,27 @@ class CacheFigures(Collector):
                 family.add_metric([ns], totals[ns][group].get(figure, 0.0))
             yield family
 
+GRAMMAR_COUNTERS = (  # (metric name, help, figure of the compiler's stats)
+    ("hermes_grammar_cache_hits", "Structured-output constraints found compiled", "hits"),
+    ("hermes_grammar_cache_misses", "Structured-output constraints compiled", "misses"),
+    ("hermes_grammar_compile_failures", "Structured-output constraints found invalid",
+     "failures"),
+    ("hermes_grammar_compile_seconds", "Time spent compiling constraints", "compile_seconds"),
+)
+
+
+class GrammarFigures(Collector):
+    """Exports the grammar compiler's cache figures (its ``stats().as_dict()``)."""
+
+    def __init__(self, figures: Callable[[], Mapping[str, float]]) -> None:
+        self._figures = figures
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        figures = self._figures()
+        for name, doc, figure in GRAMMAR_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=float(figures.get(figure, 0.0)))
+
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
                    120.0)
 TOKEN_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -101,6 +122,7 @@ class EngineMetrics:
                                       buckets=LATENCY_BUCKETS, registry=r)
 
         self._cache_figures: CacheFigures | None = None
+        self._grammar_figures: GrammarFigures | None = None
 
     def bind_cache_figures(self, totals: Callable[[], CacheTotals]) -> None:
         """Export ``totals()`` (the cache observer's) as the cache counters; rebinding (an
@@ -109,6 +131,13 @@ class EngineMetrics:
             self.registry.unregister(self._cache_figures)
         self._cache_figures = CacheFigures(totals)
         self.registry.register(self._cache_figures)
+
+    def bind_grammar_figures(self, figures: Callable[[], Mapping[str, float]]) -> None:
+        """Export ``figures()`` (the grammar compiler's) as the grammar-cache counters."""
+        if self._grammar_figures is not None:
+            self.registry.unregister(self._grammar_figures)
+        self._grammar_figures = GrammarFigures(figures)
+        self.registry.register(self._grammar_figures)
 
     def exposition(self) -> bytes:
         """Prometheus text format of every metric in this registry."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from hermes_async.types import SamplingParams
 
@@ -31,6 +31,22 @@ class StepKind(StrEnum):
     PREFILL = "prefill"
 
 
+class TokenConstraint(Protocol):
+    """A sequence's structured-output state (``hermes_async.grammar.GrammarConstraint``).
+
+    The sampler calls :meth:`fill_bitmask` before choosing the row's token (in the runner's
+    thread); the engine calls ``accept`` with the chosen token after the step.
+    """
+
+    vocab_size: int
+
+    def fill_bitmask(self, row: Any) -> None:
+        """Write the allowed next tokens into ``row`` (a C-contiguous numpy int32 array of
+        ``ceil(vocab_size / 32)`` words: token ``t`` is allowed iff bit ``t % 32`` of word
+        ``t // 32`` is set)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingRequest:
     """Sampling inputs of one step whose last new token's logits are to be sampled.
@@ -41,7 +57,10 @@ class SamplingRequest:
         in place by each non-greedy step; opaque to the engine, which keeps it with the sequence
         for its whole life (also across preemption). ``None`` draws from the runner's shared
         stream (not reproducible).
-    banned_token_ids: ids that must not be chosen this step (see :func:`min_tokens_ban`).
+    banned_token_ids: ids that must not be chosen this step (see :func:`min_tokens_ban`; bad
+        words).
+    constraint: the sequence's grammar state when its output is constrained: only the tokens
+        it allows may be chosen.
     """
 
     params: SamplingParams
@@ -49,6 +68,7 @@ class SamplingRequest:
     output_token_ids: Sequence[int] = ()
     generator: object | None = None
     banned_token_ids: frozenset[int] = frozenset()
+    constraint: TokenConstraint | None = None
 
 
 def min_tokens_ban(params: SamplingParams, num_output_tokens: int,

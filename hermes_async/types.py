@@ -9,6 +9,28 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
+class GuideKind(StrEnum):
+    """What a :class:`StructuredOutput` constrains the output to."""
+
+    JSON = "json"  # a JSON schema (``{}`` or ``{"type": "object"}`` for plain JSON objects)
+    REGEX = "regex"  # a regular expression over the whole output
+    CHOICE = "choice"  # exactly one of a list of strings
+    GRAMMAR = "grammar"  # a Lark grammar (llguidance's dialect; GBNF is converted)
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the generated text, enforced token by token by the grammar engine.
+
+    spec: the canonical text of the constraint: a JSON schema serialised with sorted keys, a
+        regex, a JSON list of the choices, or a grammar's text. It is the compiled-grammar
+        cache's key (with ``kind``), so equal constraints compile once.
+    """
+
+    kind: GuideKind
+    spec: str
+
+
 class FinishReason(StrEnum):
     """Why a sequence stopped, spelled as OpenAI does (plus ``abort`` and ``error``)."""
 
@@ -28,6 +50,12 @@ class SamplingParams:
     output tokens). ``seed`` makes a request's samples reproducible whatever else is batched
     with it. ``stop`` strings never appear in the output. ``n`` sequences share the prompt's
     KV blocks. ``top_logprobs`` > 0 implies ``logprobs``.
+
+    ``logit_bias`` (OpenAI): ``(token id, bias in [-100, 100])`` pairs added to the logits
+    before penalties' bans and sampling. ``allowed_token_ids`` (vLLM): when set, every other id
+    is banned. ``bad_words`` (vLLM): strings whose token sequences are never completed (the
+    engine bans a sequence's last token when the output ends with the rest of it).
+    ``structured``: the output must match this constraint (JSON schema, regex, choice, grammar).
     """
 
     max_tokens: int | None = 16
@@ -46,6 +74,10 @@ class SamplingParams:
     n: int = 1
     logprobs: bool = False
     top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -62,6 +94,13 @@ class SamplingParams:
             (self.min_tokens >= 0, "min_tokens", "must be >= 0"),
             (len(self.stop) <= 16 and all(isinstance(s, str) and s for s in self.stop),
              "stop", "must be at most 16 non-empty strings"),
+            (len(self.logit_bias) <= 1024 and all(
+                -100.0 <= b <= 100.0 for _, b in self.logit_bias), "logit_bias",
+             "must map at most 1024 token ids to biases in [-100, 100]"),
+            (self.allowed_token_ids is None or len(self.allowed_token_ids) >= 1,
+             "allowed_token_ids", "must list at least one token id"),
+            (len(self.bad_words) <= 128 and all(isinstance(w, str) and w for w in self.bad_words),
+             "bad_words", "must be at most 128 non-empty strings"),
         ]
         for ok, name, why in checks:
             if not ok:

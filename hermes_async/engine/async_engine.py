@@ -41,14 +41,20 @@ from hermes_async.config import EngineConfig
 from hermes_async.engine.core import EngineCore
 from hermes_async.engine.errors import EngineError, NamespaceBusyError, QueueFullError
 from hermes_async.engine.output_text import output_text_factory
-from hermes_async.engine.parts import EngineParts, OutputTextFactory, PartsLoader, Tokenizer
-from hermes_async.engine.request import EngineRequest, RequestOutput
+from hermes_async.engine.parts import (
+    EngineParts,
+    GrammarCompiler,
+    OutputTextFactory,
+    PartsLoader,
+    Tokenizer,
+)
+from hermes_async.engine.request import CompiledConstraint, EngineRequest, RequestOutput
 from hermes_async.engine.scheduler import ScheduledBatch
 from hermes_async.metrics import EngineMetrics
 from hermes_async.observe.cache_observer import CacheObserver
 from hermes_async.prompt import AssembledPrompt, PromptAssembler, encode_text
 from hermes_async.step import SampledToken, SequenceStep, StepRunner
-from hermes_async.types import InvalidParameter, SamplingParams
+from hermes_async.types import InvalidParameter, SamplingParams, StructuredOutput
 
 log = logging.getLogger("hermes_async.engine")
 
@@ -113,7 +119,8 @@ class AsyncEngine:
     Give either ``loader`` (called in the worker thread at :meth:`start`: loading takes
     seconds) or the parts themselves: ``runner`` and ``tokenizer`` (plus, optionally,
     ``eos_token_ids`` -- default: the tokenizer's --, ``output_text`` -- default: the
-    incremental detokenizer -- and ``assembler`` for chat messages).
+    incremental detokenizer --, ``assembler`` for chat messages and ``grammars`` for
+    structured outputs).
     """
 
     def __init__(self, config: EngineConfig | None = None, *,
@@ -122,11 +129,12 @@ class AsyncEngine:
                  eos_token_ids: Sequence[int] | None = None,
                  output_text: OutputTextFactory | None = None,
                  assembler: PromptAssembler | None = None,
+                 grammars: GrammarCompiler | None = None,
                  metrics: EngineMetrics | None = None,
                  background_interval_s: float = 0.05) -> None:
         self.config = config or EngineConfig()
         self._loader = loader
-        self._injected = (runner, tokenizer, eos_token_ids, output_text, assembler)
+        self._injected = (runner, tokenizer, eos_token_ids, output_text, assembler, grammars)
         if loader is None and (runner is None or tokenizer is None):
             raise EngineError("give a loader, or a runner and a tokenizer "
                               "(hermes_async.AsyncEngine loads the configured model)")
@@ -151,6 +159,9 @@ class AsyncEngine:
         parts = self.parts
         self.observer = CacheObserver(parts.runner.block_size, report_decoder(parts.tokenizer))
         self.metrics.bind_cache_figures(self.observer.totals)
+        if parts.grammars is not None:
+            grammars = parts.grammars
+            self.metrics.bind_grammar_figures(lambda: grammars.stats().as_dict())
         self.core = EngineCore(self.config, parts.runner, parts.eos_token_ids,
                                parts.output_text, self.metrics, self.observer)
         self._wake = asyncio.Event()
@@ -166,7 +177,7 @@ class AsyncEngine:
                      f", pinned for {item['pin_ttl_s']} s" if res.pin else "")
 
     async def _build_parts(self) -> EngineParts:
-        runner, tokenizer, eos, output_text, assembler = self._injected
+        runner, tokenizer, eos, output_text, assembler, grammars = self._injected
         if runner is None or tokenizer is None:
             assert self._loader is not None
             loop = asyncio.get_running_loop()
@@ -174,7 +185,8 @@ class AsyncEngine:
         if eos is None:  # injected tokenizer without explicit ids: take the tokenizer's
             eos = [getattr(tokenizer, "eos_token_id", None)]
         return EngineParts(runner, tokenizer, frozenset(e for e in eos if e is not None),
-                           output_text or output_text_factory(tokenizer), assembler)
+                           output_text or output_text_factory(tokenizer), assembler,
+                           grammars=grammars)
 
     async def stop(self, drain_timeout_s: float = 0.0) -> None:
         """Stop admitting; let in-flight requests finish for up to ``drain_timeout_s``, abort
@@ -307,7 +319,11 @@ class AsyncEngine:
         """Stream the outputs of one request. Leaving the loop early aborts it."""
         ids = await self.prompt_ids(prompt, messages, token_ids, tools=tools,
                                     namespace=namespace)
-        req = self.add_request(ids, params, request_id=request_id, namespace=namespace)
+        grammar = None
+        if params is not None and params.structured is not None:
+            grammar = await self.compile_grammar(params.structured)
+        req = self.add_request(ids, params, request_id=request_id, namespace=namespace,
+                               grammar=grammar)
         done = False
         try:
             while not done:
@@ -318,15 +334,41 @@ class AsyncEngine:
             if not done:
                 self.abort(req.request_id)
 
+    async def compile_grammar(self, structured: StructuredOutput,
+                              param: str = "response_format") -> CompiledConstraint:
+        """Compile a structured-output constraint (cached; off the loop) for
+        :meth:`add_request`'s ``grammar``. Raises :class:`InvalidParameter` naming ``param``
+        when it is invalid or this engine has no grammar compiler."""
+        grammars = self._require_parts().grammars
+        if grammars is None:
+            raise InvalidParameter(param, "structured outputs are not available on this "
+                                   "engine (no grammar compiler)",
+                                   code="unsupported_parameter")
+        return await grammars.compile(structured, param)
+
+    def grammar_stats(self) -> dict[str, Any] | None:
+        """The compiled-grammar cache's figures (None without a grammar compiler)."""
+        grammars = self._require_parts().grammars
+        return None if grammars is None else grammars.stats().as_dict()
+
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None,
-                    namespace: str | None = None) -> EngineRequest:
+                    request_id: str | None = None, namespace: str | None = None,
+                    grammar: CompiledConstraint | None = None) -> EngineRequest:
         """Queue a request whose outputs arrive on ``request.queue``; checks limits first.
 
-        Raises :class:`InvalidParameter` (``context_length_exceeded``), :class:`QueueFullError`
+        ``grammar``: ``params.structured`` compiled by :meth:`compile_grammar` (required when
+        it is set). Raises :class:`InvalidParameter` (``context_length_exceeded``, token ids
+        of ``logit_bias`` / ``allowed_token_ids`` outside the vocabulary), :class:`QueueFullError`
         and :class:`EngineError` (not running)."""
         core = self._require_core()
         params = params or SamplingParams()
+        if params.structured is not None and grammar is None:
+            raise InvalidParameter("response_format", "a structured output needs its compiled "
+                                   "grammar: await engine.compile_grammar(params.structured)")
+        if params.logit_bias:
+            self.check_token_ids([t for t, _ in params.logit_bias], "logit_bias")
+        if params.allowed_token_ids is not None:
+            self.check_token_ids(params.allowed_token_ids, "allowed_token_ids")
         max_len = core.runner.max_model_len
         if len(prompt_ids) >= max_len:
             raise InvalidParameter("messages", f"the prompt has {len(prompt_ids)} tokens; this "
@@ -345,10 +387,24 @@ class AsyncEngine:
         if rid in core.requests:
             raise InvalidParameter("request_id", f"request id {rid!r} is already in flight")
         req = EngineRequest(rid, namespace or DEFAULT_NAMESPACE, list(prompt_ids), params,
-                            asyncio.Queue())
+                            asyncio.Queue(), grammar=grammar,
+                            bad_words_ids=self._bad_words_ids(params.bad_words))
         core.add(req)
         self._wake.set()
         return req
+
+    def _bad_words_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Token sequences of ``bad_words``, as vLLM: each word alone and after a space."""
+        if not words:
+            return ()
+        tok = self._require_parts().tokenizer
+        out: set[tuple[int, ...]] = set()
+        for word in words:
+            for text in (word, " " + word.lstrip()):
+                ids = tuple(tok.encode(text, add_special_tokens=False))
+                if ids:
+                    out.add(ids)
+        return tuple(sorted(out))
 
     def abort(self, request_id: str) -> bool:
         """Abort a request; its blocks are released at once. False if not in flight."""
@@ -397,12 +453,17 @@ class AsyncEngine:
     def cache_stats(self, namespaces: Sequence[str] | None = None,
                     top: int = 10) -> dict[str, Any]:
         """The ``/cache/stats`` document (see ``CacheObserver.snapshot``) for ``namespaces``
-        (default: every one); ``top`` divergence points per namespace."""
+        (default: every one); ``top`` divergence points per namespace; ``grammar``: the
+        compiled-grammar cache's figures (engine-wide) when structured outputs are on."""
         core, observer = self._require_core(), self.observer
         assert observer is not None
         names = self.cache_namespaces() if namespaces is None else list(namespaces)
-        return observer.snapshot(core.cache, running=len(core.scheduler.running),
-                                 waiting=len(core.scheduler.waiting), namespaces=names, top=top)
+        doc = observer.snapshot(core.cache, running=len(core.scheduler.running),
+                                waiting=len(core.scheduler.waiting), namespaces=names, top=top)
+        grammar = self.grammar_stats()
+        if grammar is not None:
+            doc["grammar"] = grammar  # engine-wide: compiled constraints are not per tenant
+        return doc
 
     def reset_cache(self, namespace: str | None = None) -> CacheResetResult:
         """Drop the cached blocks, operator pins, figures and divergence sample of one

@@ -41,6 +41,18 @@ from hermes_async.types import FinishReason
 log = logging.getLogger("hermes_async.engine")
 
 
+def bad_words_ban(bad_words_ids: tuple[tuple[int, ...], ...],
+                  output_ids: list[int]) -> frozenset[int]:
+    """vLLM's ``bad_words`` rule: a word's last token is banned when the output ends with the
+    word's other tokens (a one-token word is always banned)."""
+    banned = set()
+    for ids in bad_words_ids:
+        head = len(ids) - 1
+        if head == 0 or (len(output_ids) >= head and tuple(output_ids[-head:]) == ids[:-1]):
+            banned.add(ids[-1])
+    return frozenset(banned)
+
+
 class TokenEnd(Enum):
     """Why a committed token ends its sequence, as far as ids and lengths tell (stop strings
     need the text: they are found when the token is emitted)."""
@@ -50,6 +62,11 @@ class TokenEnd(Enum):
     LENGTH = "length"
     """``max_tokens`` or the model's context: finish reason length -- stop if a stop string
     matches the text released at the end."""
+    COMPLETE = "complete"
+    """The structured-output grammar is complete: finish reason stop, the token streamed."""
+    REJECTED = "rejected"
+    """The grammar rejected the token (only when bans, ``allowed_token_ids`` or bad words
+    left no token it allows): finish reason error, the token not streamed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +106,8 @@ class EngineCore:
             if req.params.seed is not None:
                 generator = self.runner.new_generator(req.params.seed, i)
             seq = Sequence(seq_id, req, i, list(req.prompt_ids), len(req.prompt_ids),
-                           self.output_text(req.prompt_ids, req.params.stop), generator)
+                           self.output_text(req.prompt_ids, req.params.stop), generator,
+                           req.grammar.new_constraint() if req.grammar is not None else None)
             req.sequences.append(seq)
             self.scheduler.add(seq)
         self.requests[req.request_id] = req
@@ -190,10 +208,12 @@ class EngineCore:
     def _sampling_request(self, seq: Sequence) -> SamplingRequest:
         p = seq.request.params
         banned = min_tokens_ban(p, seq.num_output_tokens, self.eos_token_ids)
+        if seq.request.bad_words_ids:
+            banned = banned | bad_words_ban(seq.request.bad_words_ids, seq.output_ids)
         prompt = seq.tokens[:seq.num_prompt_tokens] if p.repetition_penalty != 1.0 else ()
         output = seq.output_ids if (p.repetition_penalty != 1.0 or p.frequency_penalty
                                     or p.presence_penalty) else ()
-        return SamplingRequest(p, prompt, output, seq.generator, banned)
+        return SamplingRequest(p, prompt, output, seq.generator, banned, seq.constraint)
 
     def _record_admission(self, seq: Sequence) -> None:
         """A first admission: the one place prefix-cache hits are counted (the observer's
@@ -211,6 +231,11 @@ class EngineCore:
         p = seq.request.params
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
             return TokenEnd.STOP_ID
+        if seq.constraint is not None:
+            if not seq.constraint.accept(token):
+                return TokenEnd.REJECTED
+            if seq.constraint.is_finished:
+                return TokenEnd.COMPLETE
         if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
                 len(seq.tokens) >= self.runner.max_model_len:
             return TokenEnd.LENGTH
@@ -247,12 +272,15 @@ class EngineCore:
         and the ids to stream (an EOS or stop token id is not streamed)."""
         if end is TokenEnd.STOP_ID:
             return FinishReason.STOP, seq.output_text.finish().text, ()
+        if end is TokenEnd.REJECTED:
+            return FinishReason.ERROR, seq.output_text.finish().text, ()
         delta = seq.output_text.append(token)
         if delta.stopped:
             return FinishReason.STOP, delta.text, (token,)
-        if end is TokenEnd.LENGTH:
+        if end in (TokenEnd.LENGTH, TokenEnd.COMPLETE):
             tail = seq.output_text.finish()  # a stop string may still match held-back text
-            reason = FinishReason.STOP if tail.stopped else FinishReason.LENGTH
+            done = tail.stopped or end is TokenEnd.COMPLETE
+            reason = FinishReason.STOP if done else FinishReason.LENGTH
             return reason, delta.text + tail.text, (token,)
         return None, delta.text, (token,)
 
@@ -268,6 +296,14 @@ class EngineCore:
         if reason is None:  # every new token is streamed, even when its text is held back
             req.queue.put_nowait(RequestOutput(req.request_id, seq.index, text, emitted_ids,
                                                logprobs=logprobs))
+        elif item.end is TokenEnd.REJECTED:
+            assert seq.constraint is not None
+            error = (f"the structured-output grammar rejected token {sampled.token_id} "
+                     f"({seq.constraint.error}): bans, allowed_token_ids or bad_words left no "
+                     "token the grammar allows")
+            log.warning("%s: %s", seq.seq_id, error)
+            self.metrics.request_errors.labels("grammar_rejected").inc()
+            self._finish(seq, reason, text, error=error)
         else:
             self._finish(seq, reason, text, emitted_ids, logprobs)
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hermes_async.config import EngineConfig
 from hermes_async.step import StepRunner
+from hermes_async.types import StructuredOutput
 
 if TYPE_CHECKING:
     from hermes_async.engine.output_text import OutputText
+    from hermes_async.engine.request import CompiledConstraint
     from hermes_async.prompt import PromptAssembler
 
 
@@ -28,6 +30,19 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
 
+class GrammarCompiler(Protocol):
+    """Compiles structured-output constraints (``hermes_async.grammar.GrammarCompiler``)."""
+
+    async def compile(self, structured: StructuredOutput,
+                      param: str = ...) -> CompiledConstraint:
+        """Compiled (cached); raises ``InvalidParameter`` naming ``param`` when invalid."""
+        ...
+
+    def stats(self) -> Any:
+        """Cache figures with an ``as_dict()`` (hits, misses, failures, size, ...)."""
+        ...
+
+
 OutputTextFactory = Callable[[list[int], tuple[str, ...]], "OutputText"]
 """``(prompt_ids, stop_strings) -> OutputText``: one per generated sequence."""
 
@@ -37,7 +52,8 @@ class EngineParts:
     """A runner with its tokenizer, EOS ids, output-text factory and (optional) chat assembler.
 
     ``assembler`` None: the engine takes raw text and token ids only (no chat messages).
-    ``model_dir`` is reported by ``/v1/models``.
+    ``model_dir`` is reported by ``/v1/models``. ``grammars`` None: structured outputs are
+    refused (400).
     """
 
     runner: StepRunner
@@ -46,6 +62,7 @@ class EngineParts:
     output_text: OutputTextFactory
     assembler: PromptAssembler | None = None
     model_dir: Path | None = None
+    grammars: GrammarCompiler | None = None
 
 
 PartsLoader = Callable[[EngineConfig], EngineParts]

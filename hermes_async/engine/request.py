@@ -10,10 +10,34 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 from hermes_async.cache.pins import Pin
 from hermes_async.engine.output_text import OutputText
+from hermes_async.step import TokenConstraint
 from hermes_async.types import FinishReason, SamplingParams
+
+
+class SequenceConstraint(TokenConstraint, Protocol):
+    """A sequence's grammar state as the engine drives it (``hermes_async.grammar``)."""
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by the sampled token; False when the grammar rejects it."""
+        ...
+
+    @property
+    def is_finished(self) -> bool:
+        """The grammar is complete: nothing but EOS may follow."""
+        ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
+class CompiledConstraint(Protocol):
+    """A compiled structured-output grammar (``hermes_async.grammar.CompiledGrammar``)."""
+
+    def new_constraint(self) -> SequenceConstraint: ...
 
 
 class SequenceStatus(Enum):
@@ -76,6 +100,7 @@ class Sequence:
     num_prompt_tokens: int
     output_text: OutputText  # detokenizer + stop strings
     generator: object | None  # the runner's random stream of a seeded sequence (opaque)
+    constraint: SequenceConstraint | None = None  # structured output: its grammar state
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed: int = 0  # tokens whose KV is in the pool
     admit_order: int = -1  # set on each admission; larger = more recent
@@ -119,6 +144,8 @@ class EngineRequest:
     pin_ttl_s: float | None = None  # a warm-up request: pin its cached prompt on finish
     pin: Pin | None = None  # the operator pin it got, if any
     pin_error: str | None = None  # why pinning was refused (the pin cap)
+    grammar: CompiledConstraint | None = None  # params.structured, compiled
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # params.bad_words, tokenized
 
     @property
     def finished(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import chain
+from typing import Any
 
 import numpy as np
 import torch
@@ -219,3 +220,50 @@ def fallback_argmax(raw_row: torch.Tensor, banned: Iterable[int]) -> int:
         if bool(allowed.max() > NEG_INF):
             row = allowed
     return int(row.argmax())
+
+
+def add_logit_bias(logits: torch.Tensor, biases: Sequence[Sequence[tuple[int, float]]]) -> None:
+    """OpenAI ``logit_bias``: add each row's ``(token id, bias)`` pairs, in place (ids outside
+    the vocabulary are ignored)."""
+    vocab = logits.shape[-1]
+    triples = [(i, t, b) for i, pairs in enumerate(biases) for t, b in pairs if 0 <= t < vocab]
+    if triples:
+        rows, ids, values = zip(*triples, strict=True)
+        index = (torch.tensor(rows, device=logits.device), torch.tensor(ids, device=logits.device))
+        logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=logits.device),
+                          accumulate=True)
+
+
+def allow_only(logits: torch.Tensor, allowed: Sequence[Sequence[int] | None]) -> None:
+    """vLLM ``allowed_token_ids``: in each row with a list, every other id becomes -inf, in
+    place (rows with ``None`` are untouched)."""
+    vocab = logits.shape[-1]
+    for i, ids in enumerate(allowed):
+        if ids is None:
+            continue
+        keep = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
+        valid = [t for t in ids if 0 <= t < vocab]
+        if valid:
+            keep[torch.tensor(valid, device=logits.device)] = True
+        logits[i].masked_fill_(~keep, NEG_INF)
+
+
+def apply_bitmasks(logits: torch.Tensor, rows: Sequence[int], constraints: Sequence[Any]) -> None:
+    """Structured outputs: ``-inf`` for every token the row's constraint does not allow, in
+    place. One int32 bitmask ``[len(rows), ceil(vocab / 32)]`` filled by the constraints
+    (see :class:`hermes_async.step.TokenConstraint`), unpacked in one tensor op; ids past the
+    constraint's vocabulary are not allowed."""
+    if not rows:
+        return
+    vocab = logits.shape[-1]
+    words = -(-max(c.vocab_size for c in constraints) // 32)
+    bitmask = np.zeros((len(rows), words), dtype=np.int32)
+    for j, c in enumerate(constraints):
+        c.fill_bitmask(bitmask[j, :-(-c.vocab_size // 32)])
+    bits = torch.from_numpy(bitmask).to(logits.device)
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((bits[:, :, None] >> shifts) & 1).view(len(rows), -1).bool()
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    index = torch.tensor(list(rows), dtype=torch.long, device=logits.device)
+    logits[index] = logits[index].masked_fill(~allowed[:, :vocab], NEG_INF)

@@ -6,11 +6,15 @@ the step and one :class:`SamplingRequest` per row; it gets plain Python lists ba
 Per row, in this order (the order of transformers' processors, the test oracle):
 
 1. NaN logits become -inf (never chosen).
-2. Repetition penalty over prompt + output tokens (HF/vLLM), then OpenAI frequency/presence
+2. OpenAI ``logit_bias`` is added.
+3. Repetition penalty over prompt + output tokens (HF/vLLM), then OpenAI frequency/presence
    penalties over output tokens only: ``logit -= frequency * count + presence * (count > 0)``.
-3. ``banned_token_ids`` (e.g. EOS while ``min_tokens`` is not reached) become -inf.
-4. Greedy rows (``temperature == 0``): argmax, ties to the lowest id. Filters do not apply.
-5. Other rows: divide by temperature, then top-k, top-p, min-p, and draw one token.
+4. Bans become -inf: ``banned_token_ids`` (e.g. EOS while ``min_tokens`` is not reached, bad
+   words), every id outside vLLM's ``allowed_token_ids``, every token the row's structured-output
+   constraint does not allow (one bitmask for the constrained rows only; unconstrained rows
+   pay nothing).
+5. Greedy rows (``temperature == 0``): argmax, ties to the lowest id. Filters do not apply.
+6. Other rows: divide by temperature, then top-k, top-p, min-p, and draw one token.
 
 Drawing: inverse CDF with one float64 uniform per row, from the row's own generator when it has
 one (seeded requests: the same tokens whatever else is batched, and wherever the row sits) or
@@ -42,6 +46,9 @@ import torch
 from hermes_async.model.logits_processors import (
     NEG_INF,
     Group,
+    add_logit_bias,
+    allow_only,
+    apply_bitmasks,
     apply_penalties,
     ban_tokens,
     draw_from_cdf,
@@ -172,10 +179,16 @@ class Sampler:
         z = z.nan_to_num(nan=NEG_INF) if z is raw else z.nan_to_num_(nan=NEG_INF)
         reqs = [requests[i] for i in work]
         ps = [r.params for r in reqs]
+        if any(p.logit_bias for p in ps):
+            add_logit_bias(z, [p.logit_bias for p in ps])
         apply_penalties(z, [r.prompt_token_ids for r in reqs], [r.output_token_ids for r in reqs],
                         [p.repetition_penalty for p in ps], [p.frequency_penalty for p in ps],
                         [p.presence_penalty for p in ps])
         ban_tokens(z, [r.banned_token_ids for r in reqs])
+        if any(p.allowed_token_ids is not None for p in ps):
+            allow_only(z, [p.allowed_token_ids for p in ps])
+        constrained = [j for j, r in enumerate(reqs) if r.constraint is not None]
+        apply_bitmasks(z, constrained, [reqs[j].constraint for j in constrained])
         greedy = [j for j, p in enumerate(ps) if p.greedy]
         if greedy:
             values, ids = select_rows(z, greedy).max(dim=-1)
@@ -224,8 +237,9 @@ class Sampler:
 def _adjusts(r: SamplingRequest) -> bool:
     """Whether the row needs the penalty/ban pass (else greedy may take the raw argmax)."""
     p = r.params
-    return bool(r.banned_token_ids or p.repetition_penalty != 1.0 or p.frequency_penalty
-                or p.presence_penalty)
+    return bool(r.banned_token_ids or r.constraint is not None or p.repetition_penalty != 1.0
+                or p.frequency_penalty or p.presence_penalty or p.logit_bias
+                or p.allowed_token_ids is not None)
 
 
 def _assemble(parts: list[_Part], n: int, device: torch.device,

@@ -17,11 +17,17 @@ from hermes_async.openai.format import ChunkFormatter, response_head, usage_dict
 from hermes_async.openai.limits import Deadline, check_context
 from hermes_async.openai.logprobs import TokenTexts, chat_logprobs
 from hermes_async.openai.responses import JSONResponse, Response
-from hermes_async.openai.schemas import ChatCompletionRequest, chat_sampling_params, decode
+from hermes_async.openai.schemas import (
+    ChatCompletionRequest,
+    chat_sampling_params,
+    decode,
+    structured_param,
+)
 from hermes_async.openai.service import service
 from hermes_async.openai.state import RequestContext
 from hermes_async.openai.stream import ChoiceResult, EngineStream, collect, logprobs_of
 from hermes_async.openai.streaming import sse_response
+from hermes_async.openai.structured import compile_constraint
 
 log = logging.getLogger("hermes_async.openai")
 
@@ -73,12 +79,13 @@ async def chat_completions(ctx: RequestContext, body: bytes) -> Response:
                                    add_generation_prompt=req.add_generation_prompt,
                                    namespace=namespace)
     check_context("messages", len(prompt.token_ids), params.max_tokens, engine.max_model_len)
+    grammar = await compile_constraint(engine, params, structured_param(req))
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     log.debug("%s: namespace=%s prompt_tokens=%d assembly=%s", rid, namespace,
               len(prompt.token_ids), prompt.cache_outcome)
     stream = EngineStream.open(engine, [prompt.token_ids], params, request_id=rid,
                                namespace=namespace, keepalive_s=cfg.keepalive_interval_s,
-                               deadline=Deadline(cfg.request_timeout_s))
+                               deadline=Deadline(cfg.request_timeout_s), grammar=grammar)
     head = response_head(rid, "chat.completion.chunk" if req.stream else "chat.completion",
                          state.model_name)
     texts = TokenTexts(engine.tokenizer) if params.logprobs else None

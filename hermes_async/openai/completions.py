@@ -24,11 +24,13 @@ from hermes_async.openai.schemas import (
     completion_prompts,
     completion_sampling_params,
     decode,
+    structured_param,
 )
 from hermes_async.openai.service import service
 from hermes_async.openai.state import RequestContext
 from hermes_async.openai.stream import ChoiceResult, EngineStream, collect, logprobs_of
 from hermes_async.openai.streaming import sse_response
+from hermes_async.openai.structured import compile_constraint
 
 log = logging.getLogger("hermes_async.openai")
 
@@ -112,9 +114,10 @@ async def completions(ctx: RequestContext, body: bytes) -> Response:
     rid = f"cmpl-{uuid.uuid4().hex}"
     log.debug("%s: namespace=%s prompts=%d prompt_tokens=%s", rid, namespace, len(ids),
               [len(p) for p in ids])
+    grammar = await compile_constraint(engine, params, structured_param(req))
     stream = EngineStream.open(engine, ids, params, request_id=rid, namespace=namespace,
                                keepalive_s=cfg.keepalive_interval_s,
-                               deadline=Deadline(cfg.request_timeout_s))
+                               deadline=Deadline(cfg.request_timeout_s), grammar=grammar)
     head = response_head(rid, "text_completion", state.model_name)
     texts = TokenTexts(engine.tokenizer) if params.logprobs else None
     if req.stream:

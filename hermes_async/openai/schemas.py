@@ -1,9 +1,12 @@
 """Request bodies as msgspec structs, and their mapping to :class:`SamplingParams`.
 
-Unknown fields (OpenAI's ``user``, ``store``, ``metadata``, ``parallel_tool_calls``, ...) are
-accepted and ignored, so any OpenAI client works unchanged. Fields that would change what is
-generated but are not implemented (``logit_bias``, ``response_format`` other than ``text``,
-``suffix``, ``best_of`` other than ``n``) are refused with 400 rather than silently ignored.
+Unknown fields (OpenAI's ``user``, ``store``, ``metadata``, ...) are accepted and ignored, so
+any OpenAI client works unchanged. Fields that would change what is generated but are not
+implemented (``suffix``, ``best_of`` other than ``n``) are refused with 400 rather than
+silently ignored. Structured outputs (``response_format``, vLLM's ``structured_outputs`` and
+``guided_*``) are read by :mod:`hermes_async.openai.structured`; ``logit_bias`` maps token ids
+(as strings, OpenAI's shape) to biases in [-100, 100]; vLLM's ``allowed_token_ids`` and
+``bad_words`` are accepted.
 Decoding errors name the offending field (see :func:`hermes_async.openai.errors.validation_error`).
 vLLM's extra sampling fields are accepted: ``top_k``, ``min_p``, ``repetition_penalty``,
 ``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ``cache_salt``, ``add_special_tokens``
@@ -18,6 +21,7 @@ import msgspec
 from msgspec import Meta
 
 from hermes_async.openai.errors import APIError
+from hermes_async.openai.structured import request_structured
 from hermes_async.types import SamplingParams
 
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -43,6 +47,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
     # vLLM extras
     top_k: int | None = None
     min_p: float | None = None
@@ -51,6 +56,15 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     min_tokens: Annotated[int, Meta(ge=0)] = 0
     stop_token_ids: list[int] | None = None
     cache_salt: str | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # accepted, ignored (llguidance is the one)
+    guided_whitespace_pattern: str | None = None  # accepted, ignored
 
     @property
     def include_usage(self) -> bool:
@@ -66,7 +80,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
 
 
@@ -137,12 +151,37 @@ def completion_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
                    "list of non-empty token-id lists", param="prompt", code="invalid_value")
 
 
+def logit_bias_pairs(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token id as a string -> bias) as sorted pairs."""
+    if not bias:
+        return ()
+    pairs = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise APIError(400, f"logit_bias keys must be token ids, got {key!r}",
+                           param="logit_bias", code="invalid_value") from None
+        pairs.append((token, float(value)))
+    return tuple(sorted(pairs))
+
+
+def structured_param(req: _SamplingFields) -> str:
+    """The request field that carries its structured-output constraint (for error messages)."""
+    if req.response_format is not None and req.response_format.get("type", "text") != "text":
+        return "response_format"
+    if req.structured_outputs is not None:
+        return "structured_outputs"
+    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+        if getattr(req, name) is not None:
+            return name
+    return "response_format"
+
+
 def sampling_params(req: _SamplingFields, *, max_tokens: int | None, logprobs: bool,
                     top_logprobs: int) -> SamplingParams:
     """Map a request's OpenAI/vLLM fields to validated :class:`SamplingParams` (their
     ``InvalidParameter`` names the field and becomes a 400)."""
-    if req.logit_bias:
-        raise unsupported("logit_bias", "logit_bias is not supported")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     kwargs: dict[str, Any] = {
         "max_tokens": max_tokens, "n": req.n, "stop": stop, "seed": req.seed,
@@ -150,6 +189,13 @@ def sampling_params(req: _SamplingFields, *, max_tokens: int | None, logprobs: b
         "stop_token_ids": tuple(req.stop_token_ids or ()),
         "logprobs": logprobs, "top_logprobs": top_logprobs,
         "top_k": req.top_k if req.top_k is not None and req.top_k > 0 else None,  # vLLM: -1 off
+        "logit_bias": logit_bias_pairs(req.logit_bias),
+        "allowed_token_ids": (None if req.allowed_token_ids is None
+                              else tuple(req.allowed_token_ids)),
+        "bad_words": tuple(req.bad_words or ()),
+        "structured": request_structured(req.response_format, req.structured_outputs, {
+            "guided_json": req.guided_json, "guided_regex": req.guided_regex,
+            "guided_choice": req.guided_choice, "guided_grammar": req.guided_grammar}),
     }
     for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                  "frequency_penalty"):
@@ -162,9 +208,6 @@ def sampling_params(req: _SamplingFields, *, max_tokens: int | None, logprobs: b
 def chat_sampling_params(req: ChatCompletionRequest) -> SamplingParams:
     """Chat: ``max_completion_tokens`` wins over ``max_tokens``; no limit by default (up to
     the context); ``logprobs`` is a bool, ``top_logprobs`` a count."""
-    fmt = (req.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise unsupported("response_format", f"response_format {fmt!r} is not supported")
     max_tokens = req.max_completion_tokens or req.max_tokens
     return sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
                            top_logprobs=req.top_logprobs or 0)

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hermes_async.engine.async_engine import AsyncEngine
-from hermes_async.engine.request import EngineRequest, RequestOutput, TokenLogprob, Usage
+from hermes_async.engine.request import (
+    CompiledConstraint,
+    EngineRequest,
+    RequestOutput,
+    TokenLogprob,
+    Usage,
+)
 from hermes_async.openai.errors import APIError, unavailable
 from hermes_async.openai.limits import Deadline
 from hermes_async.types import FinishReason, SamplingParams
@@ -40,16 +46,17 @@ class EngineStream:
     @classmethod
     def open(cls, engine: AsyncEngine, prompts: Sequence[Sequence[int]],
              params: SamplingParams, *, request_id: str, namespace: str, keepalive_s: float,
-             deadline: Deadline) -> EngineStream:
+             deadline: Deadline, grammar: CompiledConstraint | None = None) -> EngineStream:
         """Queue one engine request per prompt (ids ``request_id`` or ``request_id-k``); if
         one is refused (queue full, shutting down) the others are aborted and the error
-        propagates."""
+        propagates. ``grammar``: ``params.structured`` compiled (each sequence gets its own
+        matcher)."""
         reqs: list[EngineRequest] = []
         try:
             for k, ids in enumerate(prompts):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{k}"
                 reqs.append(engine.add_request(list(ids), params, request_id=rid,
-                                               namespace=namespace))
+                                               namespace=namespace, grammar=grammar))
         except BaseException:
             for r in reqs:
                 engine.abort(r.request_id)

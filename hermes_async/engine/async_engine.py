@@ -54,6 +54,7 @@ from hermes_async.metrics import EngineMetrics
 from hermes_async.observe.cache_observer import CacheObserver
 from hermes_async.prompt import AssembledPrompt, PromptAssembler, encode_text
 from hermes_async.step import SampledToken, SequenceStep, StepRunner
+from hermes_async.tools import ToolCallParser, parser_for
 from hermes_async.types import InvalidParameter, SamplingParams, StructuredOutput
 
 log = logging.getLogger("hermes_async.engine")
@@ -273,10 +274,12 @@ class AsyncEngine:
         return out
 
     async def assemble(self, messages: Sequence[Any], tools: list[Any] | None = None, *,
-                       add_generation_prompt: bool = True,
+                       add_generation_prompt: bool = True, tool_choice: Any = None,
                        namespace: str | None = None) -> AssembledPrompt:
-        """Normalize roles, render the chat template (tools included) and tokenize, through
-        the assembly cache, off the loop; the outcome is counted under ``namespace``.
+        """Normalize roles, render the chat template (tools included: by the template when it
+        supports them, else as the generic tools prompt worded after ``tool_choice``) and
+        tokenize, through the assembly cache, off the loop; the outcome is counted under
+        ``namespace``.
 
         Raises ``PromptError`` (a ``ValueError`` with ``param``: the server's 400) and
         :class:`InvalidParameter` (``no_chat_template``) for an engine without a template.
@@ -286,10 +289,18 @@ class AsyncEngine:
             raise InvalidParameter("messages", "this engine has no chat template; use "
                                    "/v1/completions", code="no_chat_template")
         prompt = await asyncio.to_thread(assembler.assemble, list(messages), tools or None,
-                                         add_generation_prompt)
+                                         add_generation_prompt, tool_choice)
         if self.observer is not None:
             self.observer.on_assembly(namespace or DEFAULT_NAMESPACE, prompt.cache_outcome)
         return prompt
+
+    def tool_parser(self) -> ToolCallParser:
+        """The parser of this model's tool calls: ``structured.tool_call_parser`` when set,
+        else the format its chat template renders (``generic`` when the template shows no
+        tools: the format the generic tools prompt asks for)."""
+        assembler = self._require_parts().assembler
+        source = assembler.template.tools_source if assembler is not None else None
+        return parser_for(source, self.config.structured.tool_call_parser)
 
     async def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None,
                          token_ids: Sequence[int] | None = None, *,

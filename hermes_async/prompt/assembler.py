@@ -27,6 +27,7 @@ from hermes_async.prompt.parse import parse_messages
 from hermes_async.prompt.roles import RoleNormalizer
 from hermes_async.prompt.template import ChatTemplate, HFChatTemplate
 from hermes_async.prompt.tokenize import MAX_CUTS, ProtectedTokenizer, discover_control_tokens
+from hermes_async.prompt.tools_prompt import with_generic_tools
 
 
 @dataclass(frozen=True)
@@ -148,21 +149,39 @@ class PromptAssembler:
         text = self.template.render(dicts, tools=marked_tools, add_generation_prompt=gen)
         return text, marked_any
 
+    @property
+    def supports_tools(self) -> bool:
+        """The template shows tools itself; else :meth:`assemble` adds the generic tools
+        prompt (:mod:`hermes_async.prompt.tools_prompt`)."""
+        return self.template.tools_source is not None
+
+    def _with_tools(self, messages: Sequence[Any], tools: list[Any] | None,
+                    tool_choice: Any) -> tuple[Sequence[Any], list[Any] | None]:
+        if not tools or self.supports_tools:
+            return messages, tools
+        self._tools_digest(tools)  # validates
+        return with_generic_tools(messages, tools, tool_choice), None
+
     def assemble(self, messages: Sequence[Any], tools: list[Any] | None = None,
-                 add_generation_prompt: bool = True) -> AssembledPrompt:
+                 add_generation_prompt: bool = True,
+                 tool_choice: Any = None) -> AssembledPrompt:
         """Token ids for OpenAI-style ``messages`` (and ``tools``) under this template.
 
+        ``tools`` go to a template that supports them; otherwise they are described in a
+        system message by the generic tools prompt (worded after ``tool_choice``).
         Raises :class:`~hermes_async.prompt.errors.PromptError` subclasses (HTTP 400) for
         malformed messages, unknown roles under ``strict_roles``, bad tools, or a conversation
         the template refuses.
         """
+        messages, tools = self._with_tools(messages, tools, tool_choice)
         conv = parse_messages(messages, self.roles)
         return self._assemble(conv, tools, add_generation_prompt)[0]
 
     def inspect(self, messages: Sequence[Any], tools: list[Any] | None = None,
-                add_generation_prompt: bool = True) -> InspectedPrompt:
+                add_generation_prompt: bool = True, tool_choice: Any = None) -> InspectedPrompt:
         """Like :meth:`assemble` (bypassing the cache) plus the text pieces with control
         tokens flagged, for ``hermes-async render`` and debugging."""
+        messages, tools = self._with_tools(messages, tools, tool_choice)
         conv = parse_messages(messages, self.roles)
         self._tools_digest(tools)  # validates
         marked, marked_any = self.render_marked(conv, tools, add_generation_prompt)

@@ -20,6 +20,7 @@ import jinja2
 from hermes_async.config import read_toml
 from hermes_async.prompt.errors import TemplateConfigError, TemplateRenderError
 from hermes_async.prompt.roles import CANONICAL_ROLES
+from hermes_async.tools import template_supports_tools
 
 
 def _digest(obj: Any) -> str:
@@ -48,6 +49,13 @@ class ChatTemplate(ABC):
     @abstractmethod
     def literal_text(self) -> str:
         """The template's own text (source, tags), searched for control-token strings."""
+
+    @property
+    def tools_source(self) -> str | None:
+        """The template text that renders tools (where the tool-call format is read from), or
+        None when the template cannot show tools to the model (the assembler then adds them
+        itself, see :func:`hermes_async.tools.generic_tools_prompt`)."""
+        return None
 
 
 class HFChatTemplate(ChatTemplate):
@@ -87,6 +95,10 @@ class HFChatTemplate(ChatTemplate):
     @property
     def literal_text(self) -> str:
         return self._plain_source + "\0" + self._tools_source
+
+    @property
+    def tools_source(self) -> str | None:
+        return self._tools_source if template_supports_tools(self._tools_source) else None
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Any] | None,
                add_generation_prompt: bool) -> str:
@@ -151,6 +163,10 @@ class PromptTemplate(ChatTemplate):
     def version(self) -> str:  # type: ignore[override]
         """The explicit ``version`` from the config, else a digest of every rendering field."""
         return self._version
+
+    @property
+    def tools_source(self) -> str | None:
+        return self.tools_header  # its tool calls: one {"name", "arguments"} JSON per line
 
     @property
     def literal_text(self) -> str:

@@ -45,11 +45,18 @@ def _lark(literal: str) -> str:
     return json.dumps(literal)
 
 
+MAX_PARALLEL_CALLS = 8
+"""Most calls a ``"required"`` answer may hold (a small model would otherwise repeat calls
+until ``max_tokens``)."""
+
+
 def call_constraint(parser_name: str, tools: list[dict[str, Any]],
-                    tool_choice: str | dict[str, Any]) -> StructuredOutput:
+                    tool_choice: str | dict[str, Any],
+                    max_calls: int = MAX_PARALLEL_CALLS) -> StructuredOutput:
     """The constraint that forces the calls ``tool_choice`` asks for, in ``parser_name``'s format.
 
-    ``tool_choice`` must be ``"required"`` or ``{"type": "function", "function": {"name": N}}``;
+    ``tool_choice`` must be ``"required"`` (1 to ``max_calls`` calls; 1 when the request says
+    ``parallel_tool_calls: false``) or ``{"type": "function", "function": {"name": N}}``;
     raises ValueError for another choice, an unknown parser, no tools, or a name that is not
     among the tools.
     """
@@ -69,11 +76,10 @@ def call_constraint(parser_name: str, tools: list[dict[str, Any]],
         raise ValueError("tool_choice 'required' needs at least one tool")
     args_key = _ARGS_KEY[parser_name]
     call = _one_of([_call_schema(s, args_key) for s in specs])
-    single = forced is not None
+    single = forced is not None or max_calls <= 1
     if parser_name in ("generic", "mistral"):
-        calls: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
-        if single:
-            calls["maxItems"] = 1
+        calls: dict[str, Any] = {"type": "array", "items": call, "minItems": 1,
+                                 "maxItems": 1 if single else max_calls}
         if parser_name == "generic":
             schema = {"type": "object", "properties": {"tool_calls": calls},
                       "required": ["tool_calls"], "additionalProperties": False}
@@ -86,5 +92,5 @@ def call_constraint(parser_name: str, tools: list[dict[str, Any]],
         sep = _lark("\n")
     else:
         sep = _lark("; ")
-    start = "start: call" if single else f"start: call ({sep} call)*"
+    start = "start: call" if single else f"start: call ({sep} call){{0,{max_calls - 1}}}"
     return StructuredOutput(GuideKind.GRAMMAR, f"{start}\ncall: {body}\n")

@@ -84,10 +84,12 @@ def test_generic_schema_is_the_documented_one() -> None:
                 for n, p in (("get_weather", WEATHER), ("get_time", {"type": "object"}))]
     assert json.loads(c.spec) == {
         "type": "object", "required": ["tool_calls"], "additionalProperties": False,
-        "properties": {"tool_calls": {"type": "array", "minItems": 1,
+        "properties": {"tool_calls": {"type": "array", "minItems": 1, "maxItems": 8,
                                       "items": {"anyOf": per_tool}}}}
     named = json.loads(call_constraint("generic", TOOLS, NAMED).spec)
     assert named["properties"]["tool_calls"]["maxItems"] == 1
+    single = json.loads(call_constraint("generic", TOOLS, "required", max_calls=1).spec)
+    assert single["properties"]["tool_calls"]["maxItems"] == 1
     assert named["properties"]["tool_calls"]["items"] == per_tool[0]
 
 

@@ -200,3 +200,44 @@ def test_logit_bias_allowed_token_ids_and_bad_words(server: Any) -> None:
     _, _, body = request_json(f"{server.base_url}/chat/completions",
                               {**base, "max_tokens": 12, "bad_words": [word]})
     assert word not in body["choices"][0]["message"]["content"]
+
+
+def test_aborted_constrained_streams_and_n_leave_nothing_behind(server: Any) -> None:
+    schema = {"type": "object", "properties": {"story": {"type": "string", "minLength": 50, "maxLength": 80}},
+              "required": ["story"]}
+
+    async def run() -> None:
+        async with _client(server) as client:
+            for _ in range(3):  # leave each stream after a few chunks
+                stream = await client.chat.completions.create(
+                    model=MODEL, max_tokens=100, n=2, stream=True, temperature=1.0,
+                    messages=[{"role": "user", "content": "A long story, as JSON."}],
+                    extra_body={"guided_json": schema})
+                seen = 0
+                async for _chunk in stream:
+                    seen += 1
+                    if seen > 5:
+                        break
+                await stream.close()
+            r = await client.chat.completions.create(
+                model=MODEL, max_tokens=100, n=3, temperature=1.0,
+                messages=[{"role": "user", "content": "x"}],
+                extra_body={"guided_json": schema})
+            for choice in r.choices:
+                assert choice.finish_reason in ("stop", "length")
+                if choice.finish_reason == "stop":
+                    jsonschema.validate(json.loads(choice.message.content), schema)
+
+    asyncio.run(run())
+
+    async def settled() -> dict[str, int]:
+        for _ in range(100):
+            idle = engine_idle(server.engine)
+            if not any(idle.values()):
+                break
+            await asyncio.sleep(0.05)
+        server.engine.check_integrity()
+        return idle
+
+    assert server.run(settled()) == {"requests": 0, "running": 0, "waiting": 0, "pinned": 0,
+                                     "private": 0}

@@ -404,6 +404,14 @@ class AsyncEngine:
         self._wake.set()
         return req
 
+    async def submit(self, prompt_ids: list[int], params: SamplingParams | None = None, *,
+                     request_id: str | None = None, namespace: str | None = None,
+                     grammar: CompiledConstraint | None = None) -> EngineRequest:
+        """:meth:`add_request` for front ends that may run on a remote engine (whose
+        acceptance needs a round trip); here it is the same call."""
+        return self.add_request(prompt_ids, params, request_id=request_id,
+                                namespace=namespace, grammar=grammar)
+
     def _bad_words_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
         """Token sequences of ``bad_words``, as vLLM: each word alone and after a space."""
         if not words:

@@ -146,6 +146,7 @@ class EngineRequest:
     pin_error: str | None = None  # why pinning was refused (the pin cap)
     grammar: CompiledConstraint | None = None  # params.structured, compiled
     bad_words_ids: tuple[tuple[int, ...], ...] = ()  # params.bad_words, tokenized
+    served_by: str | None = None  # the replica that runs it (behind Ray Serve), else None
 
     @property
     def finished(self) -> bool:

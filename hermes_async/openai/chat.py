@@ -120,7 +120,7 @@ async def chat_completions(ctx: RequestContext, body: bytes) -> Response:
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     log.debug("%s: namespace=%s prompt_tokens=%d assembly=%s", rid, namespace,
               len(prompt.token_ids), prompt.cache_outcome)
-    stream = EngineStream.open(engine, [prompt.token_ids], params, request_id=rid,
+    stream = await EngineStream.open(engine, [prompt.token_ids], params, request_id=rid,
                                namespace=namespace, keepalive_s=cfg.keepalive_interval_s,
                                deadline=Deadline(cfg.request_timeout_s), grammar=grammar)
     head = response_head(rid, "chat.completion.chunk" if req.stream else "chat.completion",
@@ -134,4 +134,4 @@ async def chat_completions(ctx: RequestContext, body: bytes) -> Response:
     finally:
         stream.close()
     return JSONResponse({**head, "choices": [chat_choice(c, texts, parser) for c in choices],
-                         "usage": usage_dict(stream.usage)})
+                         "usage": usage_dict(stream.usage)}, headers=stream.headers())

@@ -115,7 +115,7 @@ async def completions(ctx: RequestContext, body: bytes) -> Response:
     log.debug("%s: namespace=%s prompts=%d prompt_tokens=%s", rid, namespace, len(ids),
               [len(p) for p in ids])
     grammar = await compile_constraint(engine, params, structured_param(req))
-    stream = EngineStream.open(engine, ids, params, request_id=rid, namespace=namespace,
+    stream = await EngineStream.open(engine, ids, params, request_id=rid, namespace=namespace,
                                keepalive_s=cfg.keepalive_interval_s,
                                deadline=Deadline(cfg.request_timeout_s), grammar=grammar)
     head = response_head(rid, "text_completion", state.model_name)
@@ -129,4 +129,4 @@ async def completions(ctx: RequestContext, body: bytes) -> Response:
         stream.close()
     return JSONResponse({**head, "choices": [completion_choice(c, params.n, echo, texts)
                                              for c in choices],
-                         "usage": usage_dict(stream.usage)})
+                         "usage": usage_dict(stream.usage)}, headers=stream.headers())

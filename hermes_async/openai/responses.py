@@ -59,9 +59,12 @@ class StreamingResponse:
     headers: Mapping[str, str] = SSE_HEADERS
     content_type = SSE_HEADERS["Content-Type"]
 
-    def __init__(self, chunks: AsyncGenerator[bytes, None], on_close: Callable[[], None]) -> None:
+    def __init__(self, chunks: AsyncGenerator[bytes, None], on_close: Callable[[], None],
+                 headers: Mapping[str, str] | None = None) -> None:
         self._chunks = chunks
         self._on_close = on_close
+        if headers:
+            self.headers = {**SSE_HEADERS, **headers}
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._chunks

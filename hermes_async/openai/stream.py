@@ -44,24 +44,31 @@ class EngineStream:
         self._forwarders: list[asyncio.Task[None]] = []
 
     @classmethod
-    def open(cls, engine: AsyncEngine, prompts: Sequence[Sequence[int]],
+    async def open(cls, engine: AsyncEngine, prompts: Sequence[Sequence[int]],
              params: SamplingParams, *, request_id: str, namespace: str, keepalive_s: float,
              deadline: Deadline, grammar: CompiledConstraint | None = None) -> EngineStream:
         """Queue one engine request per prompt (ids ``request_id`` or ``request_id-k``); if
         one is refused (queue full, shutting down) the others are aborted and the error
         propagates. ``grammar``: ``params.structured`` compiled (each sequence gets its own
-        matcher)."""
+        matcher). Through :meth:`AsyncEngine.submit`, so a remote engine (Ray replicas) can
+        refuse a request before the response starts."""
         reqs: list[EngineRequest] = []
         try:
             for k, ids in enumerate(prompts):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{k}"
-                reqs.append(engine.add_request(list(ids), params, request_id=rid,
-                                               namespace=namespace, grammar=grammar))
+                reqs.append(await engine.submit(list(ids), params, request_id=rid,
+                                                namespace=namespace, grammar=grammar))
         except BaseException:
             for r in reqs:
                 engine.abort(r.request_id)
             raise
         return cls(engine, reqs, keepalive_s=keepalive_s, deadline=deadline)
+
+    def headers(self) -> dict[str, str]:
+        """Response headers naming where the requests ran (``X-Hermes-Replica`` behind Ray
+        Serve; none for a local engine)."""
+        served = sorted({r.served_by for r in self.requests if r.served_by})
+        return {"X-Hermes-Replica": ",".join(served)} if served else {}
 
     @property
     def done(self) -> bool:

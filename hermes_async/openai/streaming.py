@@ -23,7 +23,7 @@ from hermes_async.openai.stream import EngineStream, check_output
 def sse_response(stream: EngineStream, fmt: ChunkFormatter,
                  metrics: EngineMetrics) -> StreamingResponse:
     """The streamed response of ``stream``; closing it closes (aborts) ``stream``."""
-    return StreamingResponse(sse_chunks(stream, fmt, metrics), stream.close)
+    return StreamingResponse(sse_chunks(stream, fmt, metrics), stream.close, stream.headers())
 
 
 async def sse_chunks(stream: EngineStream, fmt: ChunkFormatter,

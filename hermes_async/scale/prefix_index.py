@@ -1,0 +1,159 @@
+"""Prefix-cache-aware routing, without Ray: a shadow of what each replica has cached, and the
+choice of a replica for a request.
+
+The ingress tokenizes a request before routing, so the router sees ``(namespace, token ids)``.
+:func:`block_hashes` chains a hash over each full block of ``block_size`` tokens (the engines'
+block size), seeded with the namespace: tenants never match each other. :class:`ShadowIndex`
+keeps, per replica and namespace, the block hashes it routed there (LRU order, like the
+replicas' own eviction), and is corrected by what replicas report (:meth:`ShadowIndex.correct`:
+a restart or a cache reset drops the shadow, fewer cached blocks than shadowed trims its oldest
+entries). :func:`rank_replicas` sends a request to the replica with the longest shadowed prefix
+unless that replica's load exceeds the least loaded one's by more than ``margin``; then to the
+least loaded. Pure and synchronous: the Ray router calls it without blocking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+def block_hashes(namespace: str, token_ids: Sequence[int], block_size: int) -> list[bytes]:
+    """Chained digests of the full blocks of ``token_ids`` (block ``i``'s digest covers blocks
+    ``0..i`` and the namespace)."""
+    out: list[bytes] = []
+    prev = hashlib.blake2b(namespace.encode(), digest_size=12).digest()
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        block = token_ids[start:start + block_size]
+        h = hashlib.blake2b(prev, digest_size=12)
+        h.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in block))
+        prev = h.digest()
+        out.append(prev)
+    return out
+
+
+@dataclass
+class ReplicaShadow:
+    """What the router believes one replica holds: namespace -> block digests (LRU order)."""
+
+    namespaces: dict[str, OrderedDict[bytes, None]] = field(default_factory=dict)
+    started_at: float | None = None
+    resets: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """A replica's routing stats: when its engine started, cached blocks per namespace, and a
+    reset counter per namespace (``/cache/reset``)."""
+
+    started_at: float
+    cached_blocks: Mapping[str, int]
+    resets: Mapping[str, int]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> ReplicaReport | None:
+        try:
+            return cls(float(d["started_at"]),  # type: ignore[arg-type]
+                       dict(d.get("cached_blocks") or {}),  # type: ignore[call-overload]
+                       dict(d.get("resets") or {}))  # type: ignore[call-overload]
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+class ShadowIndex:
+    """Per replica, per namespace, the block digests routed there (see the module doc).
+
+    max_blocks: most digests kept per replica and namespace (oldest dropped first).
+    """
+
+    def __init__(self, max_blocks: int = 200_000) -> None:
+        self.max_blocks = max_blocks
+        self._replicas: dict[str, ReplicaShadow] = {}
+
+    def replicas(self) -> list[str]:
+        return list(self._replicas)
+
+    def matched_blocks(self, replica: str, namespace: str, hashes: Sequence[bytes]) -> int:
+        """Leading blocks of ``hashes`` the replica is believed to hold."""
+        shadow = self._replicas.get(replica)
+        blocks = shadow.namespaces.get(namespace) if shadow else None
+        if not blocks:
+            return 0
+        n = 0
+        for h in hashes:
+            if h not in blocks:
+                break
+            n += 1
+        return n
+
+    def record(self, replica: str, namespace: str, hashes: Sequence[bytes]) -> None:
+        """A request with these blocks was routed to ``replica``: it will hold them."""
+        blocks = self._replicas.setdefault(replica, ReplicaShadow()).namespaces.setdefault(
+            namespace, OrderedDict())
+        for h in hashes:
+            blocks[h] = None
+            blocks.move_to_end(h)
+        while len(blocks) > self.max_blocks:
+            blocks.popitem(last=False)
+
+    def forget(self, replica: str) -> None:
+        """The replica is gone (removed, or died: its cache with it)."""
+        self._replicas.pop(replica, None)
+
+    def correct(self, replica: str, report: ReplicaReport) -> None:
+        """Apply a replica's report: a new ``started_at`` (restart) drops everything; a reset
+        counter that moved drops that namespace; more shadowed blocks than the replica holds
+        drops the oldest (it evicts least recently used first, as the shadow is ordered)."""
+        shadow = self._replicas.setdefault(replica, ReplicaShadow())
+        if shadow.started_at is not None and shadow.started_at != report.started_at:
+            shadow.namespaces.clear()
+            shadow.resets.clear()
+        shadow.started_at = report.started_at
+        for ns, count in report.resets.items():
+            if shadow.resets.get(ns, count) != count:
+                shadow.namespaces.pop(ns, None)
+            shadow.resets[ns] = count
+        for ns, blocks in list(shadow.namespaces.items()):
+            keep = report.cached_blocks.get(ns, 0)
+            while len(blocks) > keep:
+                blocks.popitem(last=False)
+            if not blocks:
+                del shadow.namespaces[ns]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a request goes and why (``reason``: ``prefix``, ``load`` or ``spill``)."""
+
+    ranking: list[str]
+    reason: str
+    matched_blocks: int
+
+
+def rank_replicas(index: ShadowIndex, namespace: str, hashes: Sequence[bytes],
+                  loads: Mapping[str, int], margin: int) -> Choice:
+    """Rank the replicas of ``loads`` (replica -> requests in flight) for a request.
+
+    The replica with the longest shadowed prefix first (ties: the least loaded, then by name),
+    unless its load exceeds the least loaded replica's by more than ``margin``: then the least
+    loaded first (``spill``). With no prefix anywhere: the least loaded (``load``). The rest
+    follow by load.
+    """
+    if not loads:
+        return Choice([], "load", 0)
+    by_load = sorted(loads, key=lambda r: (loads[r], r))
+    least = by_load[0]
+    scored = {r: index.matched_blocks(r, namespace, hashes) for r in loads}
+    best = max(loads, key=lambda r: (scored[r], -loads[r], _neg(r)))
+    if scored[best] == 0:
+        return Choice(by_load, "load", 0)
+    if loads[best] - loads[least] > margin:
+        return Choice(by_load, "spill", scored[least])
+    return Choice([best] + [r for r in by_load if r != best], "prefix", scored[best])
+
+
+def _neg(name: str) -> tuple[int, ...]:
+    """Sort key making smaller names win ties under ``max``."""
+    return tuple(-ord(c) for c in name)

@@ -1,4 +1,5 @@
-"""``GET /health``, ``GET /v1/models``, ``GET /metrics`` and ``POST /tokenize``."""
+"""``GET /health``, ``GET /v1/models``, ``GET /metrics``, ``POST /tokenize`` and
+``GET /openapi.json``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Mapping
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hermes_async.openai.errors import APIError
+from hermes_async.openai.openapi import openapi_document
 from hermes_async.openai.responses import JSONResponse, RawResponse, Response
 from hermes_async.openai.schemas import TokenizeRequest, decode
 from hermes_async.openai.service import service
@@ -64,3 +66,9 @@ async def tokenize(ctx: RequestContext, body: bytes) -> Response:
         tokens = await asyncio.to_thread(engine.encode_text, text, req.add_special_tokens)
     return JSONResponse({"tokens": tokens, "count": len(tokens),
                          "max_model_len": engine.max_model_len})
+
+
+@service(count_errors=False)
+async def openapi(ctx: RequestContext, query: Mapping[str, str]) -> Response:
+    """The OpenAPI 3.1 document of this API (:mod:`hermes_async.openai.openapi`)."""
+    return JSONResponse(openapi_document(ctx.state.model_name))

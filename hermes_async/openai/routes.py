@@ -38,6 +38,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/cache/stats", cache_admin.cache_stats),
     Route("POST", "/cache/warm", cache_admin.cache_warm),
     Route("POST", "/cache/reset", cache_admin.cache_reset),
+    Route("GET", "/openapi.json", endpoints.openapi),
 )
 
 

@@ -251,19 +251,21 @@ def allow_only(logits: torch.Tensor, allowed: Sequence[Sequence[int] | None]) ->
 def apply_bitmasks(logits: torch.Tensor, rows: Sequence[int], constraints: Sequence[Any]) -> None:
     """Structured outputs: ``-inf`` for every token the row's constraint does not allow, in
     place. One int32 bitmask ``[len(rows), ceil(vocab / 32)]`` filled by the constraints
-    (see :class:`hermes_async.step.TokenConstraint`), unpacked in one tensor op; ids past the
-    constraint's vocabulary are not allowed."""
+    (see :class:`hermes_async.step.TokenConstraint`), unpacked once (numpy, little-endian
+    bits); ids past the constraint's vocabulary are not allowed."""
     if not rows:
         return
-    vocab = logits.shape[-1]
-    words = -(-max(c.vocab_size for c in constraints) // 32)
+    n, vocab = logits.shape
+    words = -(-max(vocab, *(c.vocab_size for c in constraints)) // 32)
     bitmask = np.zeros((len(rows), words), dtype=np.int32)
     for j, c in enumerate(constraints):
         c.fill_bitmask(bitmask[j, :-(-c.vocab_size // 32)])
-    bits = torch.from_numpy(bitmask).to(logits.device)
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    allowed = ((bits[:, :, None] >> shifts) & 1).view(len(rows), -1).bool()
-    if allowed.shape[1] < vocab:
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+        if c.vocab_size % 32:  # bits past the constraint's vocabulary stay banned
+            bitmask[j, c.vocab_size // 32] &= (1 << (c.vocab_size % 32)) - 1
+    bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+    banned = torch.from_numpy(bits).to(logits.device) == 0
+    if len(rows) == n:
+        logits.masked_fill_(banned, NEG_INF)
+        return
     index = torch.tensor(list(rows), dtype=torch.long, device=logits.device)
-    logits[index] = logits[index].masked_fill(~allowed[:, :vocab], NEG_INF)
+    logits[index] = logits[index].masked_fill_(banned, NEG_INF)

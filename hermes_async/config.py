@@ -33,10 +33,12 @@ class ModelConfig:
         ``hermes_async.model.dtype``), ``float32``, ``bfloat16`` or ``float16`` (CUDA only).
     device: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
     max_model_len: longest prompt + completion in tokens; ``None`` takes the model's own limit.
-    attention_backend: ``auto`` (``vllm-cpu`` on a CPU where vLLM's CPU kernels load,
-        ``flashinfer`` on CUDA where flashinfer imports, else ``torch``; logged at start-up with
-        the reason), ``torch`` (the plain-torch reference), ``vllm-cpu`` or ``flashinfer``
-        (CUDA, float16/bfloat16; experimental).
+    attention_backend: ``auto`` (the fastest measured that runs here: on a CPU ``native-cpu``
+        in bfloat16 where the CPU has AVX512-BF16 and no AMX, else ``vllm-cpu`` where vLLM's
+        CPU kernels load; ``flashinfer`` on CUDA where flashinfer imports; else ``torch``;
+        logged at start-up with the reason), ``torch`` (the plain-torch reference),
+        ``vllm-cpu``, ``native-cpu`` (our own C++ CPU kernels, built by ``make setup``) or
+        ``flashinfer`` (CUDA, float16/bfloat16; experimental).
     cuda_graphs: capture CUDA graphs of decode batches at start-up and replay them (CUDA with
         the ``flashinfer`` backend only; no effect elsewhere): see
         ``hermes_async.model.cuda_graphs``. Off by default until it has run on a GPU.
@@ -193,6 +195,18 @@ class ServerConfig:
     admin_key: key of the cache admin endpoints (``/cache/*``) over every namespace. With
         ``api_keys`` set, a tenant's key sees and manages only its own namespace there, and
         without ``admin_key`` nobody sees all of them. Without keys they are open.
+    write_timeout_s: longest a response's writes may wait, in total, for a client that is
+        behind (its TCP window full) since it last kept up with the output; past it the
+        response is aborted (a stream's engine requests too) and a warning logged. Meanwhile
+        a stream's engine outputs queue up unread: about its tokens per second x
+        ``write_timeout_s`` of them at most.
+    body_read_timeout_s: longest the whole request body may take to arrive; past it the
+        request gets 408 ``request_timeout`` and the connection is closed.
+    max_request_line_bytes: longest request line (method, path and query, version); longer:
+        400 from aiohttp, before any handler runs (its ``max_line_size``).
+    max_header_bytes: longest header field, name plus value; longer: 400 (its
+        ``max_field_size``).
+    max_headers: most header fields in a request; more: 400 (its ``max_headers``).
     """
 
     host: str = "127.0.0.1"
@@ -205,6 +219,11 @@ class ServerConfig:
     retry_after_s: int = 1
     shutdown_drain_s: float = 10.0
     admin_key: str | None = field(default=None, repr=False)
+    write_timeout_s: float = 30.0
+    body_read_timeout_s: float = 30.0
+    max_request_line_bytes: int = 8190
+    max_header_bytes: int = 8190
+    max_headers: int = 128
 
     def __post_init__(self) -> None:
         if self.admin_key is not None and (not self.admin_key.strip()
@@ -230,6 +249,15 @@ class ServerConfig:
             raise ConfigError("server.request_timeout_s must be > 0 (or absent for no limit)")
         if self.retry_after_s < 0:
             raise ConfigError("server.retry_after_s must be >= 0")
+        for name in ("write_timeout_s", "body_read_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"server.{name} must be a number of seconds > 0")
+        for name, low in (("max_request_line_bytes", 256), ("max_header_bytes", 256),
+                          ("max_headers", 8)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 1 << 20:
+                raise ConfigError(f"server.{name} must be an integer in [{low}, {1 << 20}]")
 
 
 _TOOL_PARSERS = ("generic", "hermes", "llama3_json", "mistral")

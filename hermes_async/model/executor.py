@@ -40,6 +40,6 @@ class StepExecutor:
         result = self.sampler.sample(logits.index_select(0, index), requests)
         for j, i in enumerate(wanted):
             logprob = result.logprobs[j] if result.logprobs is not None else None
-            top = tuple(result.top_logprobs[j]) if result.top_logprobs is not None else ()
+            top = tuple(result.top_logprobs[j] or ()) if result.top_logprobs is not None else ()
             out[i] = SampledToken(result.token_ids[j], logprob, top)
         return out

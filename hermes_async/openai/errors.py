@@ -8,6 +8,7 @@ Every error the API answers is ``{"error": {"message", "type", "param", "code"}}
 401   invalid_request_error      ``invalid_api_key`` (missing or wrong key)
 403   permission_error           ``namespace_forbidden`` (``/cache/*``: another tenant's)
 404   invalid_request_error      ``model_not_found``; unknown route ``not_found``
+408   timeout_error              ``request_timeout`` (the body arrived too slowly)
 409   invalid_request_error      ``namespace_busy`` (reset while requests run there),
                                  ``pin_limit_reached`` (the pin cap refused a pin)
 413   invalid_request_error      ``request_too_large``

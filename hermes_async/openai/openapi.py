@@ -20,10 +20,11 @@ from hermes_async.openai import response_types as rt
 from hermes_async.openai import schemas as rq
 
 REF = "#/components/schemas/{name}"
-ERRORS_COMMON = (400, 401, 404, 413, 429, 503)
+ERRORS_COMMON = (400, 401, 404, 408, 413, 429, 503)
 STATUS_TEXT = {400: "Bad request (the error's param names the field)",
                401: "Missing or wrong API key", 403: "Another tenant's namespace",
-               404: "Unknown model or route", 409: "Conflict (namespace busy, pin limit)",
+               404: "Unknown model or route", 408: "The body arrived too slowly",
+               409: "Conflict (namespace busy, pin limit)",
                413: "Body too large", 429: "Queue full (Retry-After)",
                503: "Loading or shutting down", 504: "Request timeout"}
 
@@ -57,9 +58,9 @@ OPERATIONS: tuple[Operation, ...] = (
               query={"namespace": ("string", "only this namespace (repeatable, comma list)"),
                      "top": ("integer", "divergence points per namespace")}),
     Operation("post", "/cache/warm", "Prefill (and pin) a prompt", rt.CacheWarmResult,
-              rq.CacheWarmRequest, (400, 401, 403, 404, 409, 413, 429, 503)),
+              rq.CacheWarmRequest, (400, 401, 403, 404, 408, 409, 413, 429, 503)),
     Operation("post", "/cache/reset", "Drop a namespace's cached blocks", rt.CacheResetResult,
-              rq.CacheResetRequest, (400, 401, 403, 404, 409, 413, 503)),
+              rq.CacheResetRequest, (400, 401, 403, 404, 408, 409, 413, 503)),
     Operation("get", "/openapi.json", "This document", None, errors=()),
 )
 

@@ -8,11 +8,12 @@
 ``GET /cache/stats``, ``POST /cache/warm``, ``POST /cache/reset`` -- and ``GET /dashboard``.
 
 Modules: ``app`` (the app, listening), ``state`` (typed app/request keys), ``auth`` and
-``errors`` (the two middlewares), ``handlers`` (request -> service), ``body`` (the body
-limit), ``respond`` (a service's response -> aiohttp, SSE included), ``dashboard``.
+``errors`` (the two middlewares), ``handlers`` (request -> service), ``body`` (the body's
+size and time limits), ``respond`` (a service's response -> aiohttp, SSE included, each write
+bounded by ``server.write_timeout_s`` against clients that stop reading), ``dashboard``.
 """
 
-from hermes_async.server.app import create_app, start_site, wait_until_ready
+from hermes_async.server.app import create_app, runner_options, start_site, wait_until_ready
 from hermes_async.server.state import STATE
 
-__all__ = ["STATE", "create_app", "start_site", "wait_until_ready"]
+__all__ = ["STATE", "create_app", "runner_options", "start_site", "wait_until_ready"]

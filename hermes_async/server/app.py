@@ -11,8 +11,12 @@ service, plus ``GET /dashboard``. The engine lives in the app's ``cleanup_ctx``:
 (model loading) runs in the background so the server listens at once and ``/health`` answers
 503 until it is done; on shutdown new requests get 503, in-flight ones get
 ``server.shutdown_drain_s`` to finish, then the engine stops (aborting the rest). Handlers run
-with ``handler_cancellation`` on (set by :func:`start_site`; pass it yourself to
-``web.run_app``/``web.AppRunner``), so a client that disconnects aborts its request at once.
+with ``handler_cancellation`` on, so a client that disconnects aborts its request at once.
+:func:`start_site` sets it with the drain time and the request line and header limits
+(``server.max_request_line_bytes``, ``max_header_bytes``, ``max_headers``): pass
+``runner_options(config.server)`` yourself to a ``web.AppRunner``. A request past those
+limits is refused by aiohttp's parser before any handler or middleware runs: 400 Bad Request
+in plain text (aiohttp has no 431), and the connection is closed.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
 from hermes_async.builder import AsyncEngine as DefaultEngine
-from hermes_async.config import EngineConfig
+from hermes_async.config import EngineConfig, ServerConfig
 from hermes_async.engine.async_engine import AsyncEngine
 from hermes_async.openai.routes import ROUTES
 from hermes_async.openai.state import ServiceState
@@ -78,11 +83,18 @@ async def wait_until_ready(app: web.Application) -> None:
     await state.wait_until_ready()
 
 
+def runner_options(server: ServerConfig) -> dict[str, Any]:
+    """The ``web.AppRunner`` keywords of ``server``: handler cancellation, the drain time and
+    aiohttp's parser limits (request line, one header field, header count)."""
+    return {"handler_cancellation": True, "shutdown_timeout": server.shutdown_drain_s,
+            "max_line_size": server.max_request_line_bytes,
+            "max_field_size": server.max_header_bytes, "max_headers": server.max_headers}
+
+
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Set the app up and listen on ``host:port`` (0: a free port), with handler
-    cancellation on and the configured drain time; returns the runner and the URL."""
-    runner = web.AppRunner(app, handler_cancellation=True,
-                           shutdown_timeout=app[STATE].config.server.shutdown_drain_s)
+    """Set the app up and listen on ``host:port`` (0: a free port) with
+    :func:`runner_options`; returns the runner and the URL."""
+    runner = web.AppRunner(app, **runner_options(app[STATE].config.server))
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

@@ -1,14 +1,28 @@
-"""The request body within ``server.max_body_bytes`` (413 ``request_too_large`` past it)."""
+"""The request body within ``server.max_body_bytes`` (413 ``request_too_large`` past it) and
+``server.body_read_timeout_s`` (408 ``request_timeout`` past it; the error middleware then
+closes the connection)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
+from hermes_async.openai.errors import APIError
 from hermes_async.openai.limits import body_too_large
 
 
-async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The request body; 413 when it is (or announces itself as) larger than ``max_bytes``.
+class BodyReadTimeout(APIError):
+    """408 ``request_timeout``: the body did not arrive in time."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(408, f"the request body did not arrive within {timeout_s:g} s",
+                         type="timeout_error", code="request_timeout")
+
+
+async def read_body(request: web.Request, max_bytes: int, timeout_s: float) -> bytes:
+    """The request body; 413 when it is (or announces itself as) larger than ``max_bytes``,
+    :class:`BodyReadTimeout` when it takes longer than ``timeout_s`` to arrive.
 
     The app's ``client_max_size`` enforces the same bound on bodies without a length.
     """
@@ -16,6 +30,9 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     if length is not None and length > max_bytes:
         raise body_too_large(max_bytes, length)
     try:
-        return await request.read()
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError as e:
+        raise BodyReadTimeout(timeout_s) from e
     except web.HTTPRequestEntityTooLarge as e:
         raise body_too_large(max_bytes, None) from e

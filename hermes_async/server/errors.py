@@ -1,7 +1,9 @@
 """The error middleware: whatever fails outside a service (authentication, body size, an
 unknown route or method) becomes the OpenAI layer's error response, counted in
 ``hermes_request_errors_total{code}`` except on the ``/health`` probe. Services answer their
-own failures (:mod:`hermes_async.openai.service`)."""
+own failures (:mod:`hermes_async.openai.service`). A body that did not arrive in time (408)
+is answered at once and the connection closed: reading the rest of a slow body would keep it.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from aiohttp import web
 from hermes_async.openai.errors import http_error
 from hermes_async.openai.routes import counts_errors
 from hermes_async.openai.service import answer_error
-from hermes_async.server.respond import plain_response
+from hermes_async.server.body import BodyReadTimeout
+from hermes_async.server.respond import plain_response, send
 from hermes_async.server.state import STATE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -30,5 +33,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         failure = http_error(e.status, e.text or e.reason)
     except Exception as e:  # noqa: BLE001 - answered as an error object, never a crash
         failure = e
-    return plain_response(answer_error(request.app[STATE], failure,
-                                       count=counts_errors(request.path)))
+    response = plain_response(answer_error(request.app[STATE], failure,
+                                           count=counts_errors(request.path)))
+    if isinstance(failure, BodyReadTimeout):
+        return await send(request, response, close=True)
+    return response

@@ -1,6 +1,6 @@
 """aiohttp handlers as thin adapters over the OpenAI layer's services: request in (the body
-within ``server.max_body_bytes``, or the query), the caller's context, the service's response
-out (:mod:`~hermes_async.server.respond`)."""
+within ``server.max_body_bytes`` and ``server.body_read_timeout_s``, or the query), the
+caller's context, the service's response out (:mod:`~hermes_async.server.respond`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def body_handler(service: BodyService) -> Handler:
     """A POST handler: ``service(ctx, body)``."""
     async def handle(request: web.Request) -> web.StreamResponse:
-        body = await read_body(request, request.app[STATE].config.server.max_body_bytes)
+        server = request.app[STATE].config.server
+        body = await read_body(request, server.max_body_bytes, server.body_read_timeout_s)
         return await respond(request, await service(context_of(request), body))
     return handle
 

@@ -203,8 +203,8 @@ def test_logit_bias_allowed_token_ids_and_bad_words(server: Any) -> None:
 
 
 def test_aborted_constrained_streams_and_n_leave_nothing_behind(server: Any) -> None:
-    schema = {"type": "object", "properties": {"story": {"type": "string", "minLength": 50, "maxLength": 80}},
-              "required": ["story"]}
+    story = {"type": "string", "minLength": 50, "maxLength": 80}
+    schema = {"type": "object", "properties": {"story": story}, "required": ["story"]}
 
     async def run() -> None:
         async with _client(server) as client:
@@ -241,3 +241,18 @@ def test_aborted_constrained_streams_and_n_leave_nothing_behind(server: Any) -> 
 
     assert server.run(settled()) == {"requests": 0, "running": 0, "waiting": 0, "pinned": 0,
                                      "private": 0}
+
+
+def test_a_batch_mixing_logprobs_and_plain_requests(server: Any) -> None:
+    """Regression: rows without logprobs in a step where another row asks for them."""
+
+    async def run() -> list[Any]:
+        async with _client(server) as client:
+            return await asyncio.gather(*[client.chat.completions.create(
+                model=MODEL, max_tokens=12, temperature=0, logprobs=i % 2 == 0,
+                messages=[{"role": "user", "content": f"Count to {i + 3}."}])
+                for i in range(6)])
+
+    for i, r in enumerate(asyncio.run(run())):
+        assert r.choices[0].finish_reason in ("stop", "length")
+        assert (r.choices[0].logprobs is not None) == (i % 2 == 0)

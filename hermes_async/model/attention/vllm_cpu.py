@@ -156,18 +156,25 @@ class VllmCpuBackend(AttentionBackend):
 
     def plan(self, packed: Sequence[SequenceStep], slot_mapping: torch.Tensor,
              ordering: Ordering) -> VllmCpuPlan:
-        bs = self.block_size
-        starts = [0]
-        for s in packed:
-            starts.append(starts[-1] + s.num_new_tokens)
-        need = [-(-s.context_len // bs) for s in packed]
-        width = max(need)
-        rows = [list(s.block_table[:n]) + [0] * (width - n) for s, n in zip(packed, need,
-                                                                           strict=True)]
-        qsl = torch.tensor(starts, dtype=torch.int32)
-        seq_lens = torch.tensor([s.context_len for s in packed], dtype=torch.int32)
+        qsl, seq_lens, block_table = step_tensors(packed, self.block_size)
         meta = self.ops.get_scheduler_metadata(  # type: ignore[attr-defined]
             len(packed), self.num_heads, self.num_kv_heads, self.head_dim, seq_lens, self.dtype,
             qsl, True, -1, self.isa, True, None)
-        return VllmCpuPlan(self.ops, self.isa, qsl, seq_lens,
-                           torch.tensor(rows, dtype=torch.int32), meta, slot_mapping)
+        return VllmCpuPlan(self.ops, self.isa, qsl, seq_lens, block_table, meta, slot_mapping)
+
+
+def step_tensors(packed: Sequence[SequenceStep],
+                 block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A varlen step as paged kernels take it (int32, CPU): cumulative query starts
+    ``[B + 1]``, context lengths including the new tokens ``[B]``, and block tables padded
+    with block 0 to the longest ``[B, max_blocks]``."""
+    starts = [0]
+    for s in packed:
+        starts.append(starts[-1] + s.num_new_tokens)
+    need = [-(-s.context_len // block_size) for s in packed]
+    width = max(need)
+    rows = [list(s.block_table[:n]) + [0] * (width - n) for s, n in zip(packed, need,
+                                                                       strict=True)]
+    return (torch.tensor(starts, dtype=torch.int32),
+            torch.tensor([s.context_len for s in packed], dtype=torch.int32),
+            torch.tensor(rows, dtype=torch.int32))

@@ -1,0 +1,176 @@
+// Shared by the attention paths: vector helpers, work items, per-thread scratch.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define HERMES_PACKED 1
+#endif
+
+namespace hermes_native {
+
+using bf16 = c10::BFloat16;
+constexpr int VL = 8;  // floats per vector of the rows path
+typedef float vf __attribute__((vector_size(32)));
+typedef int32_t vi __attribute__((vector_size(32)));
+typedef uint32_t vu __attribute__((vector_size(32)));
+typedef uint16_t vh __attribute__((vector_size(16)));
+
+#if defined(__AVX512F__)
+constexpr int QK_ROWS = 3;  // rows of the Q.K^T micro-kernel: 3 x 8 accumulators
+constexpr int PV_ROWS = 4;  // rows of the P.V micro-kernel: 4 x 4 accumulators
+#else
+constexpr int QK_ROWS = 1;
+constexpr int PV_ROWS = 2;
+#endif
+constexpr int PV_CHUNKS = 4;   // head_dim chunks of 8 per P.V pass
+constexpr int TILE_ROWS = 48;  // query rows (tokens x heads of a group) per prefill tile
+constexpr int CHUNK = 64;      // keys per softmax step of the packed path (whole blocks)
+constexpr int ROWS_CHUNK = 128;  // keys per softmax step of the rows and dot paths
+constexpr int DIRECT_ROWS = 8;   // rows path: up to this many rows read bf16 K/V in place,
+                                 // more widen each block once; the dot path takes this many
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+template <typename V>
+inline V splat(float x) {  // a broadcast (a plain loop of inserts for 512-bit vectors)
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) return (V)_mm512_set1_ps(x);
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32) return (V)_mm256_set1_ps(x);
+#endif
+  V v;
+  for (unsigned i = 0; i < sizeof(V) / sizeof(float); ++i) v[i] = x;
+  return v;
+}
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline vf load(const bf16* p) {  // 8 bfloat16 widened: the upper half of a float
+  vh h;
+  std::memcpy(&h, p, sizeof h);
+  return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+
+inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < VL; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+inline float hsum(vf v) {
+  float s = 0.f;
+  for (int i = 0; i < VL; ++i) s += v[i];
+  return s;
+}
+
+// exp(x) for x <= 0 (softmax arguments): 2^n * 2^f with n = round(x log2 e), |f| <= 1/2,
+// 2^f = e^(f ln 2) by its Taylor series to degree 6 (relative error about 1e-7); 0 below -86.
+template <typename V, typename VI>
+inline V exp_neg(V x) {
+  const V lo = splat<V>(-86.f);
+  V xc = x < lo ? lo : x;
+  V y = xc * 1.44269504088896341f;
+  V yr = y + (y >= splat<V>(0.f) ? splat<V>(0.5f) : splat<V>(-0.5f));
+  VI n = __builtin_convertvector(yr, VI);  // truncates: round half away from zero
+  V t = (y - __builtin_convertvector(n, V)) * 0.69314718055994531f;
+  V p = splat<V>(1.f / 720);
+  p = p * t + 1.f / 120;
+  p = p * t + 1.f / 24;
+  p = p * t + 1.f / 6;
+  p = p * t + 0.5f;
+  p = p * t + 1.f;
+  p = p * t + 1.f;
+  V r = (V)((VI)p + (n << 23));
+  return x < lo ? splat<V>(0.f) : r;
+}
+
+inline void prefetch_block(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i);
+}
+
+struct Item {
+  int32_t seq, kv_head, tile_start, tile_len;
+  int64_t cost;  // rows x keys: the order items are handed out in
+};
+
+struct Shapes {
+  int64_t heads, kv_heads, group, d, block_size, chunk, rows_chunk, table_width;
+  int64_t q_tok_stride, cache_block_stride, cache_head_stride;
+};
+
+// Per-thread buffers, sized for the largest item.
+struct Scratch {
+  std::vector<float> q, o, s, kbuf, vbuf, m, l, alpha, ones;
+  std::vector<float> qt;              // columns path: Q^T
+  std::vector<uint32_t> qp, pp, vp;  // packed and dot paths: Q, P and V as bf16 pairs
+  Scratch(int64_t rows, const Shapes& sh, bool packed, bool columns)
+      : q(rows * sh.d), o(rows * sh.d),
+        s(std::max(rows * sh.rows_chunk,
+                   packed || columns ? sh.chunk * ((rows + 15) / 16 * 16) : 0)),
+        kbuf(sh.block_size * sh.d), vbuf(sh.block_size * sh.d), m(rows + 16), l(rows + 16),
+        alpha(rows + 16), ones(rows + 16, 1.f) {
+    if (columns) qt.resize(sh.d * ((rows + 15) / 16 * 16));
+    if (packed) {
+      const int64_t rp = (rows + 15) / 16 * 16, keys = std::max(sh.chunk, sh.rows_chunk);
+      qp.resize(sh.d / 2 * rp);
+      pp.resize((keys + 1) / 2 * rp);
+      vp.resize((keys + 1) / 2 * sh.d);
+    }
+  }
+};
+
+// Where an item reads and writes.
+template <typename T>
+struct View {
+  const T *query, *kc, *vc;
+  T* out;
+  const int32_t *qsl, *lens, *tables;
+  float scale;
+};
+
+template <typename T>
+struct Geometry {  // one item's rows and keys
+  int rows;
+  int64_t first_tok, first_pos, nkeys;
+  const int32_t* table;
+  Geometry(const Item& it, const Shapes& sh, const View<T>& v)
+      : rows(it.tile_len * static_cast<int>(sh.group)),
+        first_tok(v.qsl[it.seq] + it.tile_start),
+        first_pos(v.lens[it.seq] - (v.qsl[it.seq + 1] - v.qsl[it.seq]) + it.tile_start),
+        nkeys(first_pos + it.tile_len),
+        table(v.tables + static_cast<int64_t>(it.seq) * sh.table_width) {}
+  const T* q_row(const View<T>& v, const Item& it, const Shapes& sh, int r) const {
+    return v.query + (first_tok + r / sh.group) * sh.q_tok_stride +
+           (it.kv_head * sh.group + r % sh.group) * sh.d;
+  }
+  T* out_row(const View<T>& v, const Item& it, const Shapes& sh, int r) const {
+    return v.out + (first_tok + r / sh.group) * sh.q_tok_stride +
+           (it.kv_head * sh.group + r % sh.group) * sh.d;
+  }
+};
+
+// Online-softmax update of row-major scores s [rows][lds] for keys key0.. (nvalid valid):
+
+}  // namespace hermes_native

@@ -11,8 +11,7 @@ the output still gives its complete calls.
 from __future__ import annotations
 
 from hermes_async.tools.scan import NEED, read_string, skip_ws
-from hermes_async.tools.streaming import DONE, FAIL, CallObject, ToolCallStream, parse_whole
-from hermes_async.tools.types import ParsedOutput
+from hermes_async.tools.streaming import DONE, FAIL, CallObject, StreamParser, ToolCallStream
 
 _BARE_KEYS = ("name", "arguments", "id", "type")
 
@@ -124,15 +123,6 @@ class GenericStream(ToolCallStream):
         return True
 
 
-class GenericParser:
+def GenericParser() -> StreamParser:
     """Tool-call parser of the generic JSON format (``{"tool_calls": [...]}``)."""
-
-    name = "generic"
-
-    def parse(self, text: str) -> ParsedOutput:
-        """Split a whole output into plain text and calls."""
-        return parse_whole(self.stream(), text)
-
-    def stream(self) -> GenericStream:
-        """A fresh streaming parser (one per choice)."""
-        return GenericStream()
+    return StreamParser("generic", GenericStream)

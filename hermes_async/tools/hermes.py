@@ -7,9 +7,8 @@ after the call object) is still a call; any other malformed block is plain text.
 
 from __future__ import annotations
 
-from hermes_async.tools.scan import NEED, held_suffix, match_literal, skip_ws
-from hermes_async.tools.streaming import DONE, FAIL, CallObject, ToolCallStream, parse_whole
-from hermes_async.tools.types import ParsedOutput
+from hermes_async.tools.scan import NEED, match_literal, skip_ws
+from hermes_async.tools.streaming import DONE, FAIL, CallObject, StreamParser, ToolCallStream
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -28,11 +27,8 @@ class HermesStream(ToolCallStream):
     def _step(self) -> bool:
         buf, pos = self._buf, self._pos
         if self._state == self._TEXT:
-            k = buf.find(OPEN, pos)
-            if k < 0:
-                self._content(len(buf) - (0 if self._final else held_suffix(buf, pos, OPEN)))
+            if not self._seek_block(OPEN):
                 return False
-            self._open_block(k, k + len(OPEN))
             self._obj = CallObject(self)
             self._state = self._CALL
             return True
@@ -64,15 +60,6 @@ class HermesStream(ToolCallStream):
         return True
 
 
-class HermesParser:
+def HermesParser() -> StreamParser:
     """Tool-call parser of the Hermes format (``<tool_call>`` blocks)."""
-
-    name = "hermes"
-
-    def parse(self, text: str) -> ParsedOutput:
-        """Split a whole output into plain text and calls."""
-        return parse_whole(self.stream(), text)
-
-    def stream(self) -> HermesStream:
-        """A fresh streaming parser (one per choice)."""
-        return HermesStream()
+    return StreamParser("hermes", HermesStream)

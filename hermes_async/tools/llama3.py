@@ -10,9 +10,8 @@ text.
 
 from __future__ import annotations
 
-from hermes_async.tools.scan import held_suffix, skip_ws
-from hermes_async.tools.streaming import DONE, FAIL, CallObject, ToolCallStream, parse_whole
-from hermes_async.tools.types import ParsedOutput
+from hermes_async.tools.scan import skip_ws
+from hermes_async.tools.streaming import DONE, FAIL, CallObject, StreamParser, ToolCallStream
 
 TAG = "<|python_tag|>"
 _ARGS_KEYS = ("parameters", "arguments")
@@ -31,11 +30,8 @@ class Llama3Stream(ToolCallStream):
     def _step(self) -> bool:
         buf, pos, state = self._buf, self._pos, self._state
         if state == self._TEXT:
-            k = buf.find(TAG, pos)
-            if k < 0:
-                self._content(len(buf) - (0 if self._final else held_suffix(buf, pos, TAG)))
+            if not self._seek_block(TAG):
                 return False
-            self._open_block(k, k + len(TAG))
             self._state = self._TAGGED
             return True
         if state == self._OBJ:
@@ -94,16 +90,7 @@ class Llama3Stream(ToolCallStream):
         return True
 
 
-class Llama3JsonParser:
+def Llama3JsonParser() -> StreamParser:
     """Tool-call parser of the Llama 3 JSON format."""
-
-    name = "llama3_json"
-
-    def parse(self, text: str) -> ParsedOutput:
-        """Split a whole output into plain text and calls."""
-        return parse_whole(self.stream(), text)
-
-    def stream(self) -> Llama3Stream:
-        """A fresh streaming parser (one per choice)."""
-        return Llama3Stream()
+    return StreamParser("llama3_json", Llama3Stream)
 

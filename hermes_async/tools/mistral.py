@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import re
 
-from hermes_async.tools.scan import NEED, JsonValueScanner, held_suffix, match_literal, skip_ws
+from hermes_async.tools.scan import NEED, JsonValueScanner, match_literal, skip_ws
 from hermes_async.tools.streaming import (
     DONE,
     FAIL,
     CallObject,
     StartedCall,
+    StreamParser,
     ToolCallStream,
-    parse_whole,
 )
-from hermes_async.tools.types import ParsedOutput, new_mistral_id
+from hermes_async.tools.types import new_mistral_id
 
 MARKER = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -49,11 +49,8 @@ class MistralStream(ToolCallStream):
     def _step(self) -> bool:
         buf, pos, state = self._buf, self._pos, self._state
         if state == self._TEXT:
-            k = buf.find(MARKER, pos)
-            if k < 0:
-                self._content(len(buf) - (0 if self._final else held_suffix(buf, pos, MARKER)))
+            if not self._seek_block(MARKER):
                 return False
-            self._open_block(k, k + len(MARKER))
             self._state = self._MARK
             return True
         if state == self._OBJ:
@@ -159,15 +156,6 @@ class MistralStream(ToolCallStream):
         return True
 
 
-class MistralParser:
+def MistralParser() -> StreamParser:
     """Tool-call parser of the Mistral format (``[TOOL_CALLS]``)."""
-
-    name = "mistral"
-
-    def parse(self, text: str) -> ParsedOutput:
-        """Split a whole output into plain text and calls."""
-        return parse_whole(self.stream(), text)
-
-    def stream(self) -> MistralStream:
-        """A fresh streaming parser (one per choice)."""
-        return MistralStream()
+    return StreamParser("mistral", MistralStream)

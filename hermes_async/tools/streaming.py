@@ -23,7 +23,14 @@ import json
 from collections.abc import Callable
 from typing import Protocol
 
-from hermes_async.tools.scan import FAIL, NEED, JsonValueScanner, read_string, skip_ws
+from hermes_async.tools.scan import (
+    FAIL,
+    NEED,
+    JsonValueScanner,
+    held_suffix,
+    read_string,
+    skip_ws,
+)
 from hermes_async.tools.types import (
     ArgumentsDelta,
     ContentDelta,
@@ -139,6 +146,17 @@ class ToolCallStream:
         else:
             self._out.append(ContentDelta(text))
 
+    def _seek_block(self, marker: str) -> bool:
+        """In plain text: open a block at the next ``marker`` (True), or emit the plain text
+        up to what could still be the start of one and wait for more (False)."""
+        k = self._buf.find(marker, self._pos)
+        if k < 0:
+            held = 0 if self._final else held_suffix(self._buf, self._pos, marker)
+            self._content(len(self._buf) - held)
+            return False
+        self._open_block(k, k + len(marker))
+        return True
+
     def _open_block(self, start: int, after: int) -> None:
         """A block begins at ``start`` (plain text before it is emitted); read on at ``after``."""
         self._content(start)
@@ -184,6 +202,23 @@ def parse_whole(stream: ToolCallStream, text: str) -> ParsedOutput:
     stream.feed(text)
     stream.finish()
     return stream.result()
+
+
+class StreamParser:
+    """A :class:`ToolCallParser` over a format's stream class: ``parse`` is that stream run
+    over the whole text, ``stream`` a fresh one per choice."""
+
+    def __init__(self, name: str, stream_type: Callable[[], ToolCallStream]) -> None:
+        self.name = name
+        self._stream_type = stream_type
+
+    def parse(self, text: str) -> ParsedOutput:
+        """Split a whole output into plain text and calls."""
+        return parse_whole(self.stream(), text)
+
+    def stream(self) -> ToolCallStream:
+        """A fresh streaming parser (one per choice)."""
+        return self._stream_type()
 
 
 class CallObject:

@@ -9,11 +9,13 @@ this builder as its loader: the public ``hermes_async.AsyncEngine``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hermes_async.config import EngineConfig, StructuredConfig
 from hermes_async.engine.async_engine import AsyncEngine as _EngineBase
+from hermes_async.engine.front import PromptFront
 from hermes_async.engine.parts import EngineParts, PartsLoader
 
 
@@ -46,24 +48,49 @@ def grammar_compiler(tokenizer: Any, vocab_size: int, tokenizer_id: str,
                            JsonOptions(cfg.json_fraction_digits, cfg.json_integer_digits))
 
 
-def build_parts(config: EngineConfig) -> EngineParts:
-    """Load everything an engine runs on for ``config`` (blocking: seconds)."""
+@dataclass(frozen=True)
+class Front:
+    """A model's prompt side without its weights: what :func:`build_front` loads."""
+
+    front: PromptFront
+    model_dir: Path
+    vocab_size: int
+
+
+def build_front(config: EngineConfig, vocab_size: int | None = None) -> Front:
+    """The tokenizer, chat assembler and grammar compiler of ``config``'s model, without its
+    weights (blocking: about a second); ``vocab_size`` defaults to the model config's. The Ray
+    Serve ingress assembles and tokenizes with it before routing."""
     from transformers import AutoTokenizer
 
-    from hermes_async.engine.output_text import output_text_factory
     from hermes_async.model.default_model import resolve_model_path
-    from hermes_async.model.executor import StepExecutor
-    from hermes_async.model.runner import ModelRunner
+    from hermes_async.model.spec import read_spec
     from hermes_async.prompt import AssemblyCache, PromptAssembler
 
     model_dir = resolve_model_path(config.model.path)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model_runner = ModelRunner(model_dir, config.model, config.cache)
+    vocab = vocab_size if vocab_size is not None else read_spec(model_dir).vocab_size
     assembler = PromptAssembler(tokenizer, cache=AssemblyCache(), model_id=str(model_dir))
-    grammars = grammar_compiler(tokenizer, model_runner.vocab_size, str(model_dir),
-                                config.structured)
-    return EngineParts(StepExecutor(model_runner), tokenizer, eos_ids_of(model_dir, tokenizer),
-                       output_text_factory(tokenizer), assembler, model_dir, grammars)
+    grammars = grammar_compiler(tokenizer, vocab, str(model_dir), config.structured)
+    return Front(PromptFront(tokenizer, assembler, grammars, config.structured), model_dir,
+                 vocab)
+
+
+def build_parts(config: EngineConfig) -> EngineParts:
+    """Load everything an engine runs on for ``config`` (blocking: seconds)."""
+    from hermes_async.engine.output_text import output_text_factory
+    from hermes_async.model.default_model import resolve_model_path
+    from hermes_async.model.executor import StepExecutor
+    from hermes_async.model.runner import ModelRunner
+
+    model_dir = resolve_model_path(config.model.path)
+    model_runner = ModelRunner(model_dir, config.model, config.cache)
+    loaded = build_front(config, model_runner.vocab_size)
+    front = loaded.front
+    return EngineParts(StepExecutor(model_runner), front.tokenizer,
+                       eos_ids_of(model_dir, front.tokenizer),
+                       output_text_factory(front.tokenizer), front.assembler, model_dir,
+                       front.grammars)
 
 
 class AsyncEngine(_EngineBase):

@@ -33,6 +33,8 @@ class ModelConfig:
         ``hermes_async.model.dtype``), ``float32``, ``bfloat16`` or ``float16`` (CUDA only).
     device: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
     max_model_len: longest prompt + completion in tokens; ``None`` takes the model's own limit.
+        Either way at most what the KV pool holds (``cache.kv_cache_bytes``): a smaller pool
+        caps it, with a warning at start-up (``/v1/models`` and ``/tokenize`` report the cap).
     attention_backend: ``auto`` (the fastest measured that runs here: on a CPU ``native-cpu``
         in bfloat16 where the CPU has AVX512-BF16 and no AMX, else ``vllm-cpu`` where vLLM's
         CPU kernels load; ``flashinfer`` on CUDA where flashinfer imports; else ``torch``;
@@ -74,7 +76,8 @@ class CacheConfig:
     block_size: tokens per KV block; ``None`` derives it from the model's shape
         (see ``hermes_async.model.kv_pool.derive_block_size``).
     kv_cache_bytes: size of the KV pool in bytes; when ``None``, ``kv_cache_memory_fraction``
-        of the device's free memory is used.
+        of the device's free memory is used. A pool holding fewer tokens than the model's
+        context caps ``max_model_len`` to what it holds (one request can always grow to it).
     high_watermark / low_watermark: fractions of the pool in use; crossing the high one starts
         background eviction of unpinned cached blocks until usage is at or below the low one.
     fork_limit: most children one tree node keeps; past it the least recently used unpinned
@@ -203,10 +206,12 @@ class ServerConfig:
     body_read_timeout_s: longest the whole request body may take to arrive; past it the
         request gets 408 ``request_timeout`` and the connection is closed.
     max_request_line_bytes: longest request line (method, path and query, version); longer:
-        400 from aiohttp, before any handler runs (its ``max_line_size``).
-    max_header_bytes: longest header field, name plus value; longer: 400 (its
-        ``max_field_size``).
-    max_headers: most header fields in a request; more: 400 (its ``max_headers``).
+        414 ``uri_too_long``, an OpenAI error object, and the connection is closed.
+    max_header_bytes: longest header field, name plus value; longer: 431
+        ``request_header_fields_too_large``, connection closed.
+    max_headers: most header fields in a request; more: 431 likewise. All three are checked
+        before authentication; aiohttp's parser refuses a head past its hard caps of 4x the
+        line and field limits (at least 64 KiB) or twice the count with a plain-text 400.
     """
 
     host: str = "127.0.0.1"
@@ -291,6 +296,76 @@ class StructuredConfig:
                               f"{', '.join(_TOOL_PARSERS)} (or absent to detect it)")
 
 
+_RAY_ROUTERS = ("prefix", "pow2")
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Scale-out on Ray Serve (``hermes-async serve --replicas N``; the ``ray`` extra).
+
+    replicas: engine replicas (each its own KV pool); with autoscaling, the initial count.
+    address: a running Ray cluster to join (``ray start --head`` prints it); ``None`` starts
+        a local one.
+    num_cpus_per_replica / num_gpus_per_replica: Ray resources each engine replica reserves
+        (on CPU machines its torch threads follow ``num_cpus_per_replica`` unless
+        ``model.num_threads`` is set).
+    ingress_num_cpus: Ray CPUs reserved by the HTTP ingress (it assembles and tokenizes).
+    max_ongoing_requests: requests one engine replica takes at once (Ray's default, 5, is far
+        too low for a batching engine); past it the router tries another replica.
+    autoscale_min_replicas / autoscale_max_replicas: both set turns Ray Serve autoscaling on,
+        aiming at ``target_ongoing_requests`` per replica.
+    router: ``prefix`` (the prefix-cache-aware router) or ``pow2`` (Ray's default
+        power-of-two-choices, to compare against).
+    router_margin: the prefix router sends a request to the replica holding its longest
+        cached prefix unless that replica has more than this many requests in flight over the
+        least loaded one.
+    routing_stats_period_s: how often each replica reports its cache to the router
+        (evictions, resets, restarts correct the router's shadow index).
+    health_check_period_s: how often Ray checks each replica (engine loop alive, cache
+        integrity); a failing replica is restarted.
+    """
+
+    replicas: int = 2
+    address: str | None = None
+    num_cpus_per_replica: float = 1.0
+    num_gpus_per_replica: float = 0.0
+    ingress_num_cpus: float = 0.5
+    max_ongoing_requests: int = 256
+    autoscale_min_replicas: int | None = None
+    autoscale_max_replicas: int | None = None
+    target_ongoing_requests: float = 32.0
+    router: str = "prefix"
+    router_margin: int = 8
+    routing_stats_period_s: float = 1.0
+    health_check_period_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError("ray.replicas must be >= 1")
+        if self.router not in _RAY_ROUTERS:
+            raise ConfigError(f"ray.router must be one of {', '.join(_RAY_ROUTERS)}")
+        if self.num_cpus_per_replica < 0 or self.num_gpus_per_replica < 0 \
+                or self.ingress_num_cpus < 0:
+            raise ConfigError("ray: CPU and GPU shares must be >= 0")
+        if self.max_ongoing_requests < 1 or self.router_margin < 0:
+            raise ConfigError("ray.max_ongoing_requests must be >= 1, router_margin >= 0")
+        if self.routing_stats_period_s <= 0 or self.health_check_period_s <= 0:
+            raise ConfigError("ray.routing_stats_period_s and health_check_period_s must be > 0")
+        lo, hi = self.autoscale_min_replicas, self.autoscale_max_replicas
+        if (lo is None) != (hi is None):
+            raise ConfigError("ray: set both autoscale_min_replicas and autoscale_max_replicas "
+                              "(or neither)")
+        if lo is not None and hi is not None and not 0 <= lo <= self.replicas <= hi:
+            raise ConfigError("ray: autoscale_min_replicas <= replicas <= "
+                              "autoscale_max_replicas must hold")
+        if self.target_ongoing_requests <= 0:
+            raise ConfigError("ray.target_ongoing_requests must be > 0")
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.autoscale_min_replicas is not None
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything an engine needs; sections mirror ``configs/default.toml``."""
@@ -300,6 +375,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     structured: StructuredConfig = field(default_factory=StructuredConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def replace(self, **sections: Any) -> EngineConfig:
         """Return a copy with whole sections or ``section.key`` overrides replaced.

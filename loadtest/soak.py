@@ -365,11 +365,6 @@ def main(argv: list[str] | None = None) -> int:
         server = InProcessServer(server_config(args, keys), leak).start()
         root = server.url
         say(f"server at {root} ready" + (" (with the injected leak)" if leak else ""))
-        capacity = server.call(lambda: server.engine.load().blocks.total) * \
-            server.engine.runner.block_size
-        if capacity < server.engine.max_model_len:
-            say(f"warning: the KV pool holds {capacity} tokens, less than max_model_len "
-                f"{server.engine.max_model_len}: a request may outgrow it")
     try:
         verdict, report = asyncio.run(soak(args, server, root, keys))
     except BaseException:

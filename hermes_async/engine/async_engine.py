@@ -38,8 +38,9 @@ from typing import Any
 
 from hermes_async.cache.structs import CacheUsage
 from hermes_async.config import EngineConfig
-from hermes_async.engine.core import EngineCore
+from hermes_async.engine.core import EngineCore, served_max_model_len
 from hermes_async.engine.errors import EngineError, NamespaceBusyError, QueueFullError
+from hermes_async.engine.front import FrontMethods, PromptFront, check_context_length
 from hermes_async.engine.output_text import output_text_factory
 from hermes_async.engine.parts import (
     EngineParts,
@@ -52,10 +53,9 @@ from hermes_async.engine.request import CompiledConstraint, EngineRequest, Reque
 from hermes_async.engine.scheduler import ScheduledBatch
 from hermes_async.metrics import EngineMetrics
 from hermes_async.observe.cache_observer import CacheObserver
-from hermes_async.prompt import AssembledPrompt, PromptAssembler, encode_text
+from hermes_async.prompt import AssembledPrompt, PromptAssembler
 from hermes_async.step import SampledToken, SequenceStep, StepRunner
-from hermes_async.tools import ToolCallParser, parser_for
-from hermes_async.types import InvalidParameter, SamplingParams, StructuredOutput
+from hermes_async.types import InvalidParameter, SamplingParams
 
 log = logging.getLogger("hermes_async.engine")
 
@@ -114,7 +114,7 @@ class EngineLoad:
     blocks: CacheUsage
 
 
-class AsyncEngine:
+class AsyncEngine(FrontMethods):
     """Continuous-batching engine over :class:`EngineParts`.
 
     Give either ``loader`` (called in the worker thread at :meth:`start`: loading takes
@@ -148,6 +148,7 @@ class AsyncEngine:
         self._tasks: list[asyncio.Task] = []
         self._wake = asyncio.Event()
         self._accepting = False
+        self._front: PromptFront | None = None
 
     # ----- life cycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -159,6 +160,8 @@ class AsyncEngine:
             self.parts = await self._build_parts()
         parts = self.parts
         self.observer = CacheObserver(parts.runner.block_size, report_decoder(parts.tokenizer))
+        self._front = PromptFront(parts.tokenizer, parts.assembler, parts.grammars,
+                                  self.config.structured, self._count_assembly)
         self.metrics.bind_cache_figures(self.observer.totals)
         if parts.grammars is not None:
             grammars = parts.grammars
@@ -176,6 +179,10 @@ class AsyncEngine:
             log.info("warmed cache.warm[%d]: %d of %d prompt tokens cached in %r%s", i,
                      res.cached_tokens, res.prompt_tokens, res.namespace,
                      f", pinned for {item['pin_ttl_s']} s" if res.pin else "")
+
+    def _count_assembly(self, namespace: str | None, prompt: AssembledPrompt) -> None:
+        if self.observer is not None:
+            self.observer.on_assembly(namespace or DEFAULT_NAMESPACE, prompt.cache_outcome)
 
     async def _build_parts(self) -> EngineParts:
         runner, tokenizer, eos, output_text, assembler, grammars = self._injected
@@ -243,83 +250,21 @@ class AsyncEngine:
 
     @property
     def max_model_len(self) -> int:
-        return self._require_parts().runner.max_model_len
-
-    @property
-    def vocab_size(self) -> int | None:
-        """Token ids are valid in ``[0, vocab_size)``; None when the tokenizer does not say."""
-        tok = self._require_parts().tokenizer
-        return len(tok) if hasattr(tok, "__len__") else None  # type: ignore[arg-type]
+        """The longest prompt + completion served: the model's context, capped to what the KV
+        pool holds (:func:`~hermes_async.engine.core.served_max_model_len`)."""
+        return served_max_model_len(self._require_parts().runner)
 
     @property
     def has_chat_template(self) -> bool:
         return self._require_parts().assembler is not None
 
-    # ----- prompts ----------------------------------------------------------------------------
-    def encode_text(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
-        """Token ids of raw text under the project's one rule (``prompt.encode_text``:
-        special tokens added unless ``add_special_tokens`` is False). Blocking but fast; call
-        it in a thread for very long texts."""
-        return encode_text(self._require_parts().tokenizer, text, add_special_tokens)
-
-    def check_token_ids(self, ids: Sequence[int], param: str = "prompt") -> list[int]:
-        """``ids`` as a list of ints; :class:`InvalidParameter` when empty or outside the
-        vocabulary."""
-        out = [int(t) for t in ids]
-        if not out:
-            raise InvalidParameter(param, "the prompt is empty")
-        vocab = self.vocab_size
-        if vocab is not None and not all(0 <= t < vocab for t in out):
-            raise InvalidParameter(param, f"token ids must be in [0, {vocab})")
-        return out
-
-    async def assemble(self, messages: Sequence[Any], tools: list[Any] | None = None, *,
-                       add_generation_prompt: bool = True, tool_choice: Any = None,
-                       namespace: str | None = None) -> AssembledPrompt:
-        """Normalize roles, render the chat template (tools included: by the template when it
-        supports them, else as the generic tools prompt worded after ``tool_choice``) and
-        tokenize, through the assembly cache, off the loop; the outcome is counted under
-        ``namespace``.
-
-        Raises ``PromptError`` (a ``ValueError`` with ``param``: the server's 400) and
-        :class:`InvalidParameter` (``no_chat_template``) for an engine without a template.
-        """
-        assembler = self._require_parts().assembler
-        if assembler is None:
-            raise InvalidParameter("messages", "this engine has no chat template; use "
-                                   "/v1/completions", code="no_chat_template")
-        prompt = await asyncio.to_thread(assembler.assemble, list(messages), tools or None,
-                                         add_generation_prompt, tool_choice)
-        if self.observer is not None:
-            self.observer.on_assembly(namespace or DEFAULT_NAMESPACE, prompt.cache_outcome)
-        return prompt
-
-    def tool_parser(self) -> ToolCallParser:
-        """The parser of this model's tool calls: ``structured.tool_call_parser`` when set,
-        else the format its chat template renders (``generic`` when the template shows no
-        tools: the format the generic tools prompt asks for)."""
-        assembler = self._require_parts().assembler
-        source = assembler.template.tools_source if assembler is not None else None
-        return parser_for(source, self.config.structured.tool_call_parser)
-
-    async def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None,
-                         token_ids: Sequence[int] | None = None, *,
-                         tools: list[Any] | None = None,
-                         namespace: str | None = None) -> list[int]:
-        """Token ids of exactly one of: raw text, chat messages (the model's template), ids."""
-        given = [x is not None for x in (prompt, messages, token_ids)]
-        if sum(given) != 1:
-            raise InvalidParameter("prompt", "give exactly one of prompt, messages, token_ids")
-        if token_ids is not None:
-            return self.check_token_ids(token_ids)
-        if messages is not None:
-            ids = list((await self.assemble(messages, tools, namespace=namespace)).token_ids)
-        else:
-            assert prompt is not None
-            ids = self.encode_text(prompt)
-        if not ids:
-            raise InvalidParameter("prompt", "the prompt is empty")
-        return ids
+    @property
+    def front(self) -> PromptFront:
+        """Prompts, tool parsing and grammars of this engine's model (:class:`PromptFront`);
+        the prompt methods (:class:`FrontMethods`) delegate to it."""
+        if self._front is None:
+            raise EngineError("the engine is not started")
+        return self._front
 
     # ----- requests ---------------------------------------------------------------------------
     async def generate(self, prompt: str | None = None, params: SamplingParams | None = None,
@@ -345,23 +290,6 @@ class AsyncEngine:
             if not done:
                 self.abort(req.request_id)
 
-    async def compile_grammar(self, structured: StructuredOutput,
-                              param: str = "response_format") -> CompiledConstraint:
-        """Compile a structured-output constraint (cached; off the loop) for
-        :meth:`add_request`'s ``grammar``. Raises :class:`InvalidParameter` naming ``param``
-        when it is invalid or this engine has no grammar compiler."""
-        grammars = self._require_parts().grammars
-        if grammars is None:
-            raise InvalidParameter(param, "structured outputs are not available on this "
-                                   "engine (no grammar compiler)",
-                                   code="unsupported_parameter")
-        return await grammars.compile(structured, param)
-
-    def grammar_stats(self) -> dict[str, Any] | None:
-        """The compiled-grammar cache's figures (None without a grammar compiler)."""
-        grammars = self._require_parts().grammars
-        return None if grammars is None else grammars.stats().as_dict()
-
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, namespace: str | None = None,
                     grammar: CompiledConstraint | None = None) -> EngineRequest:
@@ -380,15 +308,7 @@ class AsyncEngine:
             self.check_token_ids([t for t, _ in params.logit_bias], "logit_bias")
         if params.allowed_token_ids is not None:
             self.check_token_ids(params.allowed_token_ids, "allowed_token_ids")
-        max_len = core.runner.max_model_len
-        if len(prompt_ids) >= max_len:
-            raise InvalidParameter("messages", f"the prompt has {len(prompt_ids)} tokens; this "
-                                   f"model's context is {max_len} tokens",
-                                   code="context_length_exceeded")
-        if params.max_tokens is not None and len(prompt_ids) + params.max_tokens > max_len:
-            raise InvalidParameter("max_tokens", f"prompt ({len(prompt_ids)} tokens) plus "
-                                   f"max_tokens ({params.max_tokens}) exceeds the context of "
-                                   f"{max_len} tokens", code="context_length_exceeded")
+        check_context_length(len(prompt_ids), params.max_tokens, self.max_model_len)
         sched = core.scheduler
         cfg = self.config.scheduler
         if len(sched.waiting) >= cfg.max_waiting or \
@@ -399,7 +319,7 @@ class AsyncEngine:
             raise InvalidParameter("request_id", f"request id {rid!r} is already in flight")
         req = EngineRequest(rid, namespace or DEFAULT_NAMESPACE, list(prompt_ids), params,
                             asyncio.Queue(), grammar=grammar,
-                            bad_words_ids=self._bad_words_ids(params.bad_words))
+                            bad_words_ids=self.front.bad_words_ids(params.bad_words))
         core.add(req)
         self._wake.set()
         return req
@@ -411,19 +331,6 @@ class AsyncEngine:
         acceptance needs a round trip); here it is the same call."""
         return self.add_request(prompt_ids, params, request_id=request_id,
                                 namespace=namespace, grammar=grammar)
-
-    def _bad_words_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
-        """Token sequences of ``bad_words``, as vLLM: each word alone and after a space."""
-        if not words:
-            return ()
-        tok = self._require_parts().tokenizer
-        out: set[tuple[int, ...]] = set()
-        for word in words:
-            for text in (word, " " + word.lstrip()):
-                ids = tuple(tok.encode(text, add_special_tokens=False))
-                if ids:
-                    out.add(ids)
-        return tuple(sorted(out))
 
     def abort(self, request_id: str) -> bool:
         """Abort a request; its blocks are released at once. False if not in flight."""
@@ -502,6 +409,29 @@ class AsyncEngine:
         for ns in [namespace] if namespace is not None else observer.namespaces():
             observer.forget(ns)
         return CacheResetResult(namespace, freed, unpinned)
+
+    def cached_blocks(self) -> dict[str, int]:
+        """Blocks the prefix tree holds per namespace (what a replica reports to a router)."""
+        stats = self._require_started_core().cache.tree.stats()
+        return {ns: st.blocks for ns, st in stats.items()}
+
+    # ----- awaitable twins for front ends (a remote engine fans these out to its replicas) --
+    async def report_cache_namespaces(self) -> list[str]:
+        """:meth:`cache_namespaces`, awaitable."""
+        return self.cache_namespaces()
+
+    async def report_cache_stats(self, namespaces: Sequence[str] | None = None,
+                                 top: int = 10) -> dict[str, Any]:
+        """:meth:`cache_stats`, awaitable."""
+        return self.cache_stats(namespaces, top=top)
+
+    async def clear_cache(self, namespace: str | None = None) -> CacheResetResult:
+        """:meth:`reset_cache`, awaitable."""
+        return self.reset_cache(namespace)
+
+    async def report_metrics(self) -> bytes:
+        """:meth:`metrics_text`, awaitable."""
+        return self.metrics_text()
 
     # ----- figures ----------------------------------------------------------------------------
     def load(self) -> EngineLoad:

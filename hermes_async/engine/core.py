@@ -53,6 +53,19 @@ def bad_words_ban(bad_words_ids: tuple[tuple[int, ...], ...],
     return frozenset(banned)
 
 
+def served_max_model_len(runner: StepRunner) -> int:
+    """The longest sequence (prompt + completion) the engine serves: the runner's
+    ``max_model_len``, capped to what the KV pool holds (``num_blocks * block_size`` tokens).
+
+    A sequence of that length fits the pool alone (it computes at most one token less), so a
+    request the context checks accept is never failed for want of blocks mid-generation:
+    others are preempted for it, and without ``max_tokens`` it ends with ``length`` at this
+    limit. (Operator pins hold blocks too: a pool mostly pinned can still be too small.) The
+    one rule behind ``AsyncEngine.max_model_len``, ``add_request``'s context check and the
+    context end of a sequence."""
+    return min(runner.max_model_len, runner.num_blocks * runner.block_size)
+
+
 class TokenEnd(Enum):
     """Why a committed token ends its sequence, as far as ids and lengths tell (stop strings
     need the text: they are found when the token is emitted)."""
@@ -93,6 +106,14 @@ class EngineCore:
         self.observer = observer
         self.cache = KVCacheManager.from_config(config.cache, runner.num_blocks,
                                                 runner.block_size)
+        self.max_model_len = served_max_model_len(runner)
+        if self.max_model_len < runner.max_model_len:
+            cache = config.cache
+            budget = (f"kv_cache_bytes={cache.kv_cache_bytes}" if cache.kv_cache_bytes is not None
+                      else f"kv_cache_memory_fraction={cache.kv_cache_memory_fraction}")
+            log.warning("max_model_len capped to %d tokens by the KV pool (%s: %d blocks of %d "
+                        "tokens; the model's context is %d)", self.max_model_len, budget,
+                        runner.num_blocks, runner.block_size, runner.max_model_len)
         self.scheduler = Scheduler(config.scheduler, self.cache, self._sampling_request)
         self.requests: dict[str, EngineRequest] = {}
         self._deferred: list[PendingToken] = []  # committed, not emitted yet (commit order)
@@ -237,7 +258,7 @@ class EngineCore:
             if seq.constraint.is_finished:
                 return TokenEnd.COMPLETE
         if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
-                len(seq.tokens) >= self.runner.max_model_len:
+                len(seq.tokens) >= self.max_model_len:
             return TokenEnd.LENGTH
         return None
 

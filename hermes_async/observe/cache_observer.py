@@ -67,6 +67,18 @@ class CacheObserver:
     def namespaces(self) -> list[str]:
         return sorted(self._figures)
 
+    def assembly_snapshot(self) -> dict[str, Any]:
+        """Only the assembly figures: ``{"totals": {...}, "namespaces": {ns: {...}}}`` (a
+        process that assembles prompts for engines elsewhere: the Ray Serve ingress)."""
+        tot, tot_w = dict.fromkeys(ASSEMBLY_KEYS, 0.0), dict.fromkeys(ASSEMBLY_KEYS, 0.0)
+        per_ns = {}
+        for ns, f in sorted(self._figures.items()):
+            window = f.assembly_window.sums()
+            _add(tot, f.assembly)
+            _add(tot_w, window)
+            per_ns[ns] = assembly_figures(f.assembly, window)
+        return {"totals": assembly_figures(tot, tot_w), "namespaces": per_ns}
+
     def totals(self) -> dict[str, dict[str, dict[str, float]]]:
         """Per namespace, the prefix and assembly counters since start (or since its last
         reset): ``{ns: {"prefix": {...}, "assembly": {...}}}``."""

@@ -33,12 +33,12 @@ async def cache_stats(ctx: RequestContext, query: Mapping[str, str]) -> Response
         _check_allowed(scope, wanted)
         names = [wanted]
     else:
-        names = [ns for ns in engine.cache_namespaces() if scope.allows(ns)]
+        names = [ns for ns in await engine.report_cache_namespaces() if scope.allows(ns)]
     try:
         top = max(0, min(100, int(query.get("top", "10"))))
     except ValueError as e:
         raise APIError(400, "top must be an integer", param="top", code="invalid_value") from e
-    return JSONResponse(engine.cache_stats(names, top=top))
+    return JSONResponse(await engine.report_cache_stats(names, top=top))
 
 
 @service()
@@ -82,7 +82,7 @@ async def cache_reset(ctx: RequestContext, body: bytes) -> Response:
             raise _forbidden(namespace)
     else:
         _check_allowed(scope, namespace)
-    result = engine.reset_cache(None if namespace == ALL_NAMESPACES else namespace)
+    result = await engine.clear_cache(None if namespace == ALL_NAMESPACES else namespace)
     return JSONResponse({"object": "cache.reset", "namespace": namespace,
                          "freed_blocks": result.freed_blocks, "unpinned": result.unpinned})
 

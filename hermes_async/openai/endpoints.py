@@ -40,7 +40,7 @@ async def models(ctx: RequestContext, query: Mapping[str, str]) -> Response:
 async def metrics(ctx: RequestContext, query: Mapping[str, str]) -> Response:
     """Prometheus text exposition; queue and KV-pool gauges are refreshed at scrape time
     (answered while the model loads too)."""
-    return RawResponse(ctx.state.engine.metrics_text(), CONTENT_TYPE_LATEST)
+    return RawResponse(await ctx.state.engine.report_metrics(), CONTENT_TYPE_LATEST)
 
 
 @service()

@@ -12,7 +12,9 @@ Every error the API answers is ``{"error": {"message", "type", "param", "code"}}
 409   invalid_request_error      ``namespace_busy`` (reset while requests run there),
                                  ``pin_limit_reached`` (the pin cap refused a pin)
 413   invalid_request_error      ``request_too_large``
+414   invalid_request_error      ``uri_too_long`` (the request line is past its limit)
 429   rate_limit_error           ``queue_full`` (with ``Retry-After``)
+431   invalid_request_error      ``request_header_fields_too_large`` (too many or too large)
 500   server_error               ``internal_error``, a failed model step
 503   service_unavailable_error  ``model_loading``, ``shutting_down``, ``model_load_failed``
 504   timeout_error              ``request_timeout``
@@ -41,7 +43,8 @@ log = logging.getLogger("hermes_async.openai")
 
 _HTTP_CODES = MappingProxyType({
     400: "bad_request", 401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed",
-    413: "request_too_large", 415: "unsupported_media_type"})
+    413: "request_too_large", 414: "uri_too_long", 415: "unsupported_media_type",
+    431: "request_header_fields_too_large"})
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 

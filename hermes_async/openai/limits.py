@@ -1,9 +1,12 @@
-"""Request limits: body size (413), context length (400), request time (504).
+"""Request limits: body size (413), body arrival time (408), context length (400), request
+time (504).
 
 The front end reads the body and answers :func:`body_too_large` past
-``server.max_body_bytes``; the queue bounds (429) are the engine's (``[scheduler]
-max_waiting`` and ``max_waiting_tokens``): :func:`~hermes_async.openai.errors.to_api_error`
-turns its ``QueueFullError`` into 429 with ``Retry-After``.
+``server.max_body_bytes`` and :class:`BodyReadTimeout` past ``server.body_read_timeout_s``
+(then closes the connection: reading the rest of a slow body would keep it); the queue
+bounds (429) are the engine's (``[scheduler] max_waiting`` and ``max_waiting_tokens``):
+:func:`~hermes_async.openai.errors.to_api_error` turns its ``QueueFullError`` into 429 with
+``Retry-After``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ def body_too_large(max_bytes: int, actual: int | None) -> APIError:
     size = f" ({actual} bytes)" if actual is not None else ""
     return APIError(413, f"the request body{size} is larger than the limit of {max_bytes} "
                     "bytes", code="request_too_large")
+
+
+class BodyReadTimeout(APIError):
+    """408 ``request_timeout``: the body did not arrive in time."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(408, f"the request body did not arrive within {timeout_s:g} s",
+                         type="timeout_error", code="request_timeout")
 
 
 def check_context(param: str, prompt_tokens: int, max_tokens: int | None,

@@ -12,11 +12,17 @@ service, plus ``GET /dashboard``. The engine lives in the app's ``cleanup_ctx``:
 503 until it is done; on shutdown new requests get 503, in-flight ones get
 ``server.shutdown_drain_s`` to finish, then the engine stops (aborting the rest). Handlers run
 with ``handler_cancellation`` on, so a client that disconnects aborts its request at once.
-:func:`start_site` sets it with the drain time and the request line and header limits
-(``server.max_request_line_bytes``, ``max_header_bytes``, ``max_headers``): pass
-``runner_options(config.server)`` yourself to a ``web.AppRunner``. A request past those
-limits is refused by aiohttp's parser before any handler or middleware runs: 400 Bad Request
-in plain text (aiohttp has no 431), and the connection is closed.
+:func:`start_site` sets it with the drain time and aiohttp's parser caps: pass
+``runner_options(config.server)`` yourself to a ``web.AppRunner``.
+
+The request line and header limits (``server.max_request_line_bytes``, ``max_header_bytes``,
+``max_headers``) are checked by the error middleware, before authentication
+(:mod:`hermes_async.server.head`): a request past them gets an OpenAI error object, 414
+``uri_too_long`` or 431 ``request_header_fields_too_large``, and the connection is closed.
+aiohttp's parser gets hard caps above them (4x the line and field limits, at least 64 KiB,
+and twice the header count: :func:`~hermes_async.server.head.parser_limits`); a head past
+those is refused by the parser before any middleware runs: 400 Bad Request in plain text,
+connection closed.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from hermes_async.server.auth import auth_middleware
 from hermes_async.server.dashboard import dashboard
 from hermes_async.server.errors import error_middleware
 from hermes_async.server.handlers import body_handler, query_handler
+from hermes_async.server.head import parser_limits
 from hermes_async.server.state import STATE
 
 
@@ -85,10 +92,10 @@ async def wait_until_ready(app: web.Application) -> None:
 
 def runner_options(server: ServerConfig) -> dict[str, Any]:
     """The ``web.AppRunner`` keywords of ``server``: handler cancellation, the drain time and
-    aiohttp's parser limits (request line, one header field, header count)."""
+    aiohttp's parser caps (request line, one header field, header count: hard caps above the
+    configured limits, which the error middleware checks)."""
     return {"handler_cancellation": True, "shutdown_timeout": server.shutdown_drain_s,
-            "max_line_size": server.max_request_line_bytes,
-            "max_field_size": server.max_header_bytes, "max_headers": server.max_headers}
+            **parser_limits(server)}
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:

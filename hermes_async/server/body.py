@@ -8,16 +8,9 @@ import asyncio
 
 from aiohttp import web
 
-from hermes_async.openai.errors import APIError
-from hermes_async.openai.limits import body_too_large
+from hermes_async.openai.limits import BodyReadTimeout, body_too_large
 
-
-class BodyReadTimeout(APIError):
-    """408 ``request_timeout``: the body did not arrive in time."""
-
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__(408, f"the request body did not arrive within {timeout_s:g} s",
-                         type="timeout_error", code="request_timeout")
+__all__ = ["BodyReadTimeout", "read_body"]
 
 
 async def read_body(request: web.Request, max_bytes: int, timeout_s: float) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 
 import pytest
@@ -164,6 +165,33 @@ async def test_limits_raise_typed_errors():
             engine.add_request([5, 6, 7], greedy(2))
         for r in reqs:
             engine.abort(r.request_id)
+        assert_idle(engine)
+
+
+async def test_a_pool_smaller_than_the_context_caps_max_model_len(caplog):
+    """40 blocks of 4 tokens hold 160, less than the runner's 512: the engine serves 160 (and
+    says so). A request past it is refused at admission; one without ``max_tokens`` ends with
+    ``length`` at 160 (others preempted for it) instead of failing for want of blocks."""
+    caplog.set_level(logging.WARNING, logger="hermes_async.engine")
+    async with make_engine(num_blocks=40, max_seqs=8) as engine:
+        assert (engine.max_model_len, engine.runner.max_model_len) == (160, 512)
+        assert ("max_model_len capped to 160 tokens by the KV pool (kv_cache_memory_fraction="
+                "0.25: 40 blocks of 4 tokens; the model's context is 512)") in caplog.text
+        for prompt_len, max_tokens, param in ((160, 1, "messages"), (100, 61, "max_tokens")):
+            with pytest.raises(InvalidParameter) as e:
+                engine.add_request(list(range(3, 3 + prompt_len)), greedy(max_tokens))
+            assert (e.value.code, e.value.param) == ("context_length_exceeded", param)
+        prompt = list(range(10, 110))
+        others = [collect(engine, [i, i + 1, i + 2], greedy(30)) for i in range(200, 206)]
+        (ids, _, outs), *rest = await asyncio.gather(
+            collect(engine, prompt, SamplingParams(temperature=0.0, max_tokens=None)), *others)
+        assert ids == reference_tokens(prompt, 60)
+        assert outs[-1].finish_reason is FinishReason.LENGTH and outs[-1].error is None
+        assert outs[-1].usage.completion_tokens == 60
+        for i, (other, _, _) in zip(range(200, 206), rest, strict=True):
+            assert other == reference_tokens([i, i + 1, i + 2], 30)
+        assert engine.core.scheduler.num_preemptions > 0
+        assert "kv_cache_too_small" not in engine.metrics.exposition().decode()
         assert_idle(engine)
 
 

@@ -18,7 +18,7 @@ from hermes_async.config import CacheConfig, EngineConfig, ModelConfig, Schedule
 from hermes_async.engine.async_engine import AsyncEngine
 from hermes_async.model.executor import StepExecutor
 from hermes_async.model.runner import ModelRunner
-from hermes_async.types import SamplingParams
+from hermes_async.types import FinishReason, SamplingParams
 from tests.engine.fake_runner import fake_output_text
 from tests.tiny_models import load_oracle, make_tiny_model
 
@@ -126,3 +126,18 @@ async def test_seeded_sampling_is_reproducible_across_batches(tiny):
     alone = await run_all(engine_for(path), ps[:1], params)
     batched = await run_all(engine_for(path), ps, params)
     assert alone[0] == batched[0]
+
+
+async def test_a_small_kv_pool_caps_max_model_len(tiny):
+    """40 blocks of 8 tokens (6144 bytes each in float32) hold 320 of the model's 1024
+    positions: the engine serves 320, and a request without ``max_tokens`` ends there."""
+    path, _ = tiny
+    engine = engine_for(path, kv_bytes=6144 * 40)
+    async with engine:
+        assert (engine.runner.num_blocks, engine.runner.block_size) == (40, 8)
+        assert (engine.max_model_len, engine.runner.max_model_len) == (320, 1024)
+        outs = [o async for o in engine.generate(token_ids=list(range(3, 303)),
+                                                 params=SamplingParams(temperature=0.0,
+                                                                       max_tokens=None))]
+    assert outs[-1].finish_reason is FinishReason.LENGTH and outs[-1].error is None
+    assert outs[-1].usage.completion_tokens == 20

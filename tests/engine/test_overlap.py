@@ -116,7 +116,8 @@ class Job:
     abort_after: int | None = None  # abort once this many outputs arrived (0: before a step)
 
 
-def workload() -> list[Job]:
+def workload(max_model_len: int = 512) -> list[Job]:
+    """The jobs; "model-context" (no ``max_tokens``) is 32 tokens short of ``max_model_len``."""
     rng = random.Random(14)
     system = [rng.randrange(3, 900) for _ in range(16)]
 
@@ -154,7 +155,7 @@ def workload() -> list[Job]:
     stream0 = seeded_stream(p, 21, 0, 30, ignore_eos=True)
     jobs.append(Job("ignore-eos-stop", p, SamplingParams(
         seed=21, ignore_eos=True, max_tokens=30, stop=(span_stop(stream0[7], stream0[8]),))))
-    jobs.append(Job("model-context", [rng.randrange(3, 900) for _ in range(480)],
+    jobs.append(Job("model-context", [rng.randrange(3, 900) for _ in range(max_model_len - 32)],
                     greedy(max_tokens=None)))
     jobs.append(Job("abort-after-3", prompt(2), greedy(max_tokens=40), abort_after=3))
     jobs.append(Job("n2-abort-after-5", prompt(3), SamplingParams(
@@ -215,8 +216,9 @@ def check_sequence_outputs(rid: str, outs: list[RequestOutput]) -> None:
 async def run_workload(overlap: bool, **kw: object) -> tuple[dict[str, Outcome], AsyncEngine]:
     engine = make_engine(overlap, **kw)  # type: ignore[arg-type]
     async with engine:
-        first = await run_jobs(engine, workload())
-        again = await run_jobs(engine, workload(), "-again")  # now hitting the cached prompts
+        jobs = workload(engine.max_model_len)
+        first = await run_jobs(engine, jobs)
+        again = await run_jobs(engine, jobs, "-again")  # now hitting the cached prompts
         await asyncio.sleep(0.01)
         assert_idle(engine)
     results = first | again
@@ -241,9 +243,10 @@ def without_cached_tokens(outcome: Outcome) -> Outcome:
 VARIANTS = {
     "roomy": {},  # everything admitted at once
     "tight": dict(budget=24, max_seqs=6),  # chunked prefills, a queue, a step cap
-    # ... and a pool that preempts, evicts, and cannot hold "model-context" (which fails with
-    # kv_cache_too_small): which blocks the second wave still finds cached then depends on
-    # when the background task evicted, so cached_tokens may differ
+    # ... and a pool that preempts and evicts, smaller than the runner's context: it caps
+    # max_model_len to its 400 tokens, which "model-context" fills (the others preempted for
+    # it): which blocks the second wave still finds cached then depends on when the
+    # background task evicted, so cached_tokens may differ
     "preempting": dict(num_blocks=100, budget=24, max_seqs=6),
 }
 
@@ -262,8 +265,10 @@ async def test_overlap_on_and_off_give_identical_outputs(variant):
         assert on[rid] == off[rid], rid  # every output, in order, field by field
         assert usage_of(on[rid]) == usage_of(off[rid]), rid
     reasons = {o[-1].finish_reason for outcome in off.values() for o in outcome.values()}
-    assert reasons == {FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT} | (
-        {FinishReason.ERROR} if variant == "preempting" else set())
+    assert reasons == {FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT}
+    (outs,) = off["model-context"].values()  # at the (capped) context: length, no error
+    assert outs[-1].finish_reason is FinishReason.LENGTH
+    assert usage_of(off["model-context"]).completion_tokens == 32
     # the stop strings fired mid-stream, and EOS ended some sampled sequences
     for rid in ("stop-token-text", "stop-across-tokens", "ignore-eos-stop"):
         (outs,) = off[rid].values()
@@ -322,20 +327,26 @@ async def test_failing_step_after_a_stop_string_fails_only_the_live_requests():
 
 
 async def test_pool_too_small_delivers_the_last_token_before_the_error():
-    """A lone sequence outgrows the pool: the plan that finds it unfittable runs before the
-    previous step's deferred emit; its token must still come first, then the error."""
-    prompt = list(range(20, 40))
-    jobs = [Job("outgrows", prompt, SamplingParams(temperature=0, max_tokens=40))]
+    """A lone sequence outgrows what operator pins leave of the pool (max_model_len is capped
+    to the whole pool, pinned blocks included): the plan that finds it unfittable runs before
+    the previous step's deferred emit; its token must still come first, then the error."""
+    pinned = list(range(100, 117))  # 4 full blocks, pinned: half of the 8-block pool
+    prompt = list(range(20, 28))
+    jobs = [Job("outgrows", prompt, SamplingParams(temperature=0, max_tokens=20))]  # 28 <= 32
     by_mode = {}
     for overlap in (False, True):
         engine = make_engine(overlap, runner=SeededRunner(num_blocks=8))  # 32 tokens at most
         async with engine:
+            assert engine.max_model_len == 32
+            warmed = await engine.warm(token_ids=pinned, namespace="pins", pin_ttl_s=600)
+            assert warmed.pin is not None and warmed.pin["blocks"] == 4
             by_mode[overlap] = await run_jobs(engine, jobs)
+            engine.reset_cache("pins")  # unpinned
             assert_idle(engine)
         (outs,) = by_mode[overlap]["outgrows"].values()
         assert outs[-1].finish_reason is FinishReason.ERROR
-        assert [t for o in outs for t in o.token_ids] == reference_tokens(prompt, 13)
-        assert usage_of(by_mode[overlap]["outgrows"]).completion_tokens == 13
+        assert [t for o in outs for t in o.token_ids] == reference_tokens(prompt, 9)
+        assert usage_of(by_mode[overlap]["outgrows"]).completion_tokens == 9
     assert by_mode[True] == by_mode[False]
 
 

@@ -14,6 +14,13 @@ BS = 4
 SYSTEM = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]  # 3 full blocks + 1 token
 
 
+class WordTokenizer:
+    """Encodes the prompt "ignored" as SYSTEM (what the config's warm prompt needs)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(SYSTEM) if text == "ignored" else []
+
+
 def make_engine(num_blocks: int = 24, **cache: object) -> AsyncEngine:
     cfg = EngineConfig(
         cache=CacheConfig(block_size=BS, high_watermark=0.5, low_watermark=0.25, **cache),
@@ -76,8 +83,7 @@ async def test_config_warm_prompts_run_at_start() -> None:
     engine = make_engine()
     cfg = engine.config.replace(cache={"warm": [{"prompt": "ignored", "pin_ttl_s": 30}]})
     engine.config = cfg
-    engine.encode_text = lambda text, add_special_tokens=None: (  # type: ignore
-        list(SYSTEM) if text == "ignored" else [])
+    engine._injected = (engine._injected[0], WordTokenizer(), *engine._injected[2:])
     async with engine:
         assert engine.core.cache.probe("default", SYSTEM) == 12
         (pin,) = engine.core.cache.pins_of("default")

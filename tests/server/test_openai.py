@@ -52,6 +52,7 @@ async def aclient(server):
 def test_models_lists_the_served_model(client, server):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL]
+    assert models[0].model_extra["max_model_len"] == 182 * 32  # capped by the KV pool
     assert server.state.model_name == MODEL
 
 
@@ -185,7 +186,8 @@ async def test_tokenize_matches_generation(server, client):
             tok = await r.json()
         async with http.post(f"{server.url}/tokenize", json={"prompt": "Hello world"}) as r:
             plain = await r.json()
-    assert tok["count"] == len(tok["tokens"]) and tok["max_model_len"] == 8192
+    # the test pool (256 MiB: 182 blocks of 32 tokens) caps the model's 8192 to what it holds
+    assert tok["count"] == len(tok["tokens"]) and tok["max_model_len"] == 182 * 32
     res = client.chat.completions.create(model=MODEL, messages=msgs(), max_tokens=1)
     assert res.usage.prompt_tokens == tok["count"]
     assert plain["count"] == 2

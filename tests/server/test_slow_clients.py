@@ -7,7 +7,9 @@
   says why. The same for a non-streaming response too large for the buffers.
 - A body that does not arrive within ``server.body_read_timeout_s`` (stalled or trickling)
   gets 408 ``request_timeout`` and the connection is closed.
-- A request line, header field or header count past its configured limit gets aiohttp's 400.
+- A request line past its configured limit gets 414 ``uri_too_long``, a header field or
+  header count past its limit 431 ``request_header_fields_too_large`` (OpenAI error objects,
+  counted, the connection closed); past aiohttp's own hard caps, its plain-text 400.
 
 After each, the server still answers ``/health`` and the engine is idle. The only times
 asserted are the timeouts configured here (as upper bounds for the waits).
@@ -28,6 +30,7 @@ import pytest
 from hermes_async.config import CacheConfig, ConfigError, EngineConfig, ServerConfig, from_dict
 from hermes_async.engine.async_engine import AsyncEngine
 from hermes_async.engine.request import EngineRequest
+from hermes_async.server.head import parser_limits
 from hermes_async.server.respond import ClientStoppedReading, Pull, WriteClock
 from hermes_async.step import SampledToken
 from hermes_async.types import FinishReason
@@ -288,31 +291,85 @@ def test_trickling_body_is_cut_off(srv):
 
 
 # ----- header and request line limits -----------------------------------------------------
-LIMITED = {  # each past the fixture's limits (1024 bytes, 16 headers), within aiohttp's own
-    "request-line": f"GET /health?pad={'a' * 2000} HTTP/1.1\r\nHost: t\r\n\r\n",
-    "header-field": f"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: {'a' * 2000}\r\n\r\n",
+LIMITED = {  # each past the fixture's limits (1024 bytes, 16 headers), within aiohttp's caps
+    "request-line": (f"GET /v1/models?pad={'a' * 2000} HTTP/1.1\r\nHost: t\r\n\r\n",
+                     414, "uri_too_long", "the request line is 2028 bytes"),
+    "header-field": (f"GET /v1/models HTTP/1.1\r\nHost: t\r\nX-Big: {'a' * 2000}\r\n\r\n",
+                     431, "request_header_fields_too_large", "header field 'X-Big' is 2005 bytes"),
+    "header-count": ("GET /v1/models HTTP/1.1\r\nHost: t\r\n"
+                     + "".join(f"X-H{i}: v\r\n" for i in range(20)) + "\r\n",
+                     431, "request_header_fields_too_large", "the request has 21 header fields"),
+}
+PAST_PARSER_CAPS = {  # past aiohttp's own hard caps (64 KiB, twice the count): its plain 400
+    "request-line": f"GET /health?pad={'a' * (70 << 10)} HTTP/1.1\r\nHost: t\r\n\r\n",
+    "header-field": f"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: {'a' * (70 << 10)}\r\n\r\n",
     "header-count": ("GET /health HTTP/1.1\r\nHost: t\r\n"
                      + "".join(f"X-H{i}: v\r\n" for i in range(40)) + "\r\n"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(LIMITED))
-def test_oversized_headers_get_400_and_the_server_stays_healthy(srv, case):
+def send_head(srv: ServerThread, head: str) -> tuple[int, dict[str, str], bytes]:
+    """Send one request head on a new connection; the answer, read until the server closes."""
     with connect(srv) as sock:
-        sock.sendall(LIMITED[case].encode())
-        raw = read_to_close(sock)  # the server closes after the answer
-    status, headers, _ = split_response(raw)
-    assert status == 400, raw  # aiohttp's parser answers, in plain text
+        sock.sendall(head.encode())
+        return split_response(read_to_close(sock))
+
+
+@pytest.mark.parametrize("case", sorted(LIMITED))
+def test_oversized_heads_get_an_error_object_and_the_connection_closes(srv, case):
+    head, status, code, message = LIMITED[case]
+    got, headers, body = send_head(srv, head)  # returns: the server closed the connection
+    assert got == status, body
+    assert headers["content-type"].startswith("application/json")
+    assert headers.get("connection", "").lower() == "close"
+    err = json.loads(body)["error"]
+    assert err == {"message": err["message"], "type": "invalid_request_error", "param": None,
+                   "code": code}
+    assert message in err["message"]
+    _, _, text = request(f"{srv.url}/metrics")
+    assert f'hermes_request_errors_total{{code="{code}"}} 1.0'.encode() in text
+    assert_healthy(srv)  # a new connection is served as ever
+
+
+def test_oversized_head_is_refused_before_authentication():
+    """With API keys, a request without one but with too many headers gets 431, not 401."""
+    keyed = fake_server(api_keys={"k1": "t1"}, max_headers=16)
+    try:
+        status, _, body = send_head(keyed, LIMITED["header-count"][0])
+        assert status == 431 and json.loads(body)["error"]["code"] == \
+            "request_header_fields_too_large"
+    finally:
+        keyed.stop()
+
+
+def test_header_value_never_appears_in_the_message(srv):
+    secret = "s3cr3t" * 300
+    status, _, body = send_head(srv, f"GET /health HTTP/1.1\r\nHost: t\r\nCookie: {secret}"
+                                     "\r\n\r\n")
+    assert status == 431 and b"s3cr3t" not in body and b"'Cookie'" in body
+
+
+@pytest.mark.parametrize("case", sorted(PAST_PARSER_CAPS))
+def test_heads_past_the_parser_caps_get_aiohttps_400(srv, case):
+    status, headers, _ = send_head(srv, PAST_PARSER_CAPS[case])
+    assert status == 400  # aiohttp's parser answers, in plain text, before any middleware
     assert headers["content-type"].startswith("text/plain")
     assert_healthy(srv)
 
 
 def test_headers_within_the_limits_pass(srv):
     head = ("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
-            f"X-Big: {'a' * 900}\r\n" + "".join(f"X-H{i}: v\r\n" for i in range(12)) + "\r\n")
-    with connect(srv) as sock:
-        sock.sendall(head.encode())
-        assert split_response(read_to_close(sock))[0] == 200
+            f"X-Big: {'a' * 900}\r\n" + "".join(f"X-H{i}: v\r\n" for i in range(13)) + "\r\n")
+    assert send_head(srv, head)[0] == 200  # 16 fields, the largest 905 bytes
+
+
+def test_parser_caps_are_above_the_limits():
+    assert parser_limits(ServerConfig()) == {"max_line_size": 64 << 10,
+                                             "max_field_size": 64 << 10, "max_headers": 256}
+    big = ServerConfig(max_request_line_bytes=1 << 20, max_header_bytes=32 << 10,
+                       max_headers=1000)
+    assert parser_limits(big) == {"max_line_size": 4 << 20, "max_field_size": 128 << 10,
+                                  "max_headers": 2000}
 
 
 # ----- the write clock and the pull probe (respond.py) -----------------------------------

@@ -15,6 +15,7 @@ CPU_KERNELS_SPEC ?= $(shell if [ "$(TORCH_SPEC)" = "torch==2.13.0" ] && [ "$$(un
 # The gpu extra (FlashInfer, the `flashinfer` CUDA attention backend) where a GPU is seen.
 GPU_EXTRA ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo ",gpu"; fi)
 STAMP := $(VENV)/.hermes-setup-done
+RAY_STAMP := $(VENV)/.hermes-ray-done
 
 .PHONY: setup serve test test-deps lint model bench-runner bench-cache clean
 
@@ -37,8 +38,13 @@ model: setup
 serve: model
 	$(BIN)/hermes-async serve $(ARGS)
 
+# The ray extra (Ray Serve) for the scale-out tests; `make serve` does not need it.
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e ".[ray]"
+	touch $(RAY_STAMP)
+
 # Installs Chromium + chromedriver for the dashboard's browser test when missing (see the script).
-test: setup
+test: setup $(RAY_STAMP)
 	bash scripts/install_test_deps.sh
 	$(BIN)/ruff check hermes_async tests loadtest scripts
 	$(BIN)/lint-imports

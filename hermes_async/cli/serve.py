@@ -3,6 +3,10 @@
 Prints the URL as soon as it listens (``/health`` is 503 while the model loads), then a line
 when the model is ready. SIGINT/SIGTERM shut down gracefully: new requests get 503, in-flight
 ones get ``server.shutdown_drain_s`` to finish. Exit status 1 when the model fails to load.
+
+``--replicas N`` (N >= 2), ``--ray`` or ``--ray-address`` serve the same API on Ray Serve
+(:mod:`hermes_async.scale.app`: an ingress plus N engine replicas with prefix-cache-aware
+routing); without the ``ray`` extra they say how to install it (exit status 2).
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--port", type=int, default=None, help="port (default 8000; 0: any)")
     serve.add_argument("--dtype", default=None, choices=DTYPES)
     serve.add_argument("--api-key", default=None, help="require this key (tenant 'default')")
+    serve.add_argument("--replicas", type=int, default=None,
+                       help="N >= 2 engine replicas behind one endpoint on Ray Serve (the "
+                            "'ray' extra), prefix-cache-aware routing ([ray] in the config)")
+    serve.add_argument("--ray", action="store_true",
+                       help="serve on Ray Serve even with one replica")
+    serve.add_argument("--ray-address", default=None,
+                       help="join this Ray cluster (`ray start --head` prints it) instead of "
+                            "starting a local one")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="debug logs each request's start_position (prefix-cache hit)")
@@ -53,7 +65,36 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
         from hermes_async.openai.auth import DEFAULT_TENANT
 
         server["api_keys"] = {**cfg.server.api_keys, args.api_key: DEFAULT_TENANT}
-    return cfg.replace(model=model, server=server)
+    ray: dict[str, Any] = {}
+    if args.replicas is not None:
+        if args.replicas < 1:
+            raise config_mod.ConfigError("--replicas must be >= 1")
+        ray["replicas"] = args.replicas
+    if args.ray_address:
+        ray["address"] = args.ray_address
+    return cfg.replace(model=model, server=server, ray=ray)
+
+
+RAY_MISSING = ("hermes-async: --replicas/--ray/--ray-address serve on Ray Serve, which is not "
+               "installed; install the extra: pip install 'hermes_async[ray]' (in this "
+               "checkout: .venv/bin/pip install -e '.[ray]')")
+
+
+def wants_ray(args: argparse.Namespace) -> bool:
+    """``--ray``, ``--ray-address`` or ``--replicas`` N >= 2."""
+    return bool(args.ray or args.ray_address or (args.replicas or 1) >= 2)
+
+
+def serve_on_ray(cfg: EngineConfig) -> int:
+    """``hermes-async serve`` on Ray Serve: an ingress and ``ray.replicas`` engines."""
+    try:
+        from hermes_async.scale.app import serve_forever
+    except ImportError as e:
+        if e.name is not None and e.name.split(".")[0] != "ray":
+            raise
+        print(RAY_MISSING, file=sys.stderr)
+        return 2
+    return serve_forever(cfg)
 
 
 def run_event_loop(main: Coroutine[Any, Any, int]) -> int:
@@ -111,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if wants_ray(args):
+        return serve_on_ray(cfg)
     try:
         return run_event_loop(serve(cfg))
     except OSError as e:  # e.g. the address is in use

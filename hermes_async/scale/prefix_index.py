@@ -15,8 +15,9 @@ least loaded. Pure and synchronous: the Ray router calls it without blocking.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -41,23 +42,27 @@ class ReplicaShadow:
     namespaces: dict[str, OrderedDict[bytes, None]] = field(default_factory=dict)
     started_at: float | None = None
     resets: dict[str, int] = field(default_factory=dict)
+    touched: dict[str, float] = field(default_factory=dict)  # namespace -> last routed (time)
 
 
 @dataclass(frozen=True)
 class ReplicaReport:
-    """A replica's routing stats: when its engine started, cached blocks per namespace, and a
-    reset counter per namespace (``/cache/reset``)."""
+    """A replica's routing stats: when its engine started, cached blocks per namespace, a
+    reset counter per namespace (``/cache/reset``) and when it was taken (``taken_at``, Unix
+    time; a report is older than what was routed since)."""
 
     started_at: float
     cached_blocks: Mapping[str, int]
     resets: Mapping[str, int]
+    taken_at: float = float("inf")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> ReplicaReport | None:
         try:
             return cls(float(d["started_at"]),  # type: ignore[arg-type]
                        dict(d.get("cached_blocks") or {}),  # type: ignore[call-overload]
-                       dict(d.get("resets") or {}))  # type: ignore[call-overload]
+                       dict(d.get("resets") or {}),  # type: ignore[call-overload]
+                       float(d.get("taken_at", float("inf"))))  # type: ignore[arg-type]
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -66,14 +71,24 @@ class ShadowIndex:
     """Per replica, per namespace, the block digests routed there (see the module doc).
 
     max_blocks: most digests kept per replica and namespace (oldest dropped first).
+    clock: Unix time (``time.time``: replicas stamp their reports with it). ``skew_s``: how
+    far a replica's clock may be ahead of the router's.
     """
 
-    def __init__(self, max_blocks: int = 200_000) -> None:
+    def __init__(self, max_blocks: int = 200_000,
+                 clock: Callable[[], float] = time.time, skew_s: float = 1.0) -> None:
         self.max_blocks = max_blocks
+        self.clock = clock
+        self.skew_s = skew_s
         self._replicas: dict[str, ReplicaShadow] = {}
 
     def replicas(self) -> list[str]:
         return list(self._replicas)
+
+    def size(self, replica: str) -> int:
+        """Digests shadowed for ``replica`` over every namespace (how full it is believed)."""
+        shadow = self._replicas.get(replica)
+        return sum(len(b) for b in shadow.namespaces.values()) if shadow else 0
 
     def matched_blocks(self, replica: str, namespace: str, hashes: Sequence[bytes]) -> int:
         """Leading blocks of ``hashes`` the replica is believed to hold."""
@@ -90,8 +105,9 @@ class ShadowIndex:
 
     def record(self, replica: str, namespace: str, hashes: Sequence[bytes]) -> None:
         """A request with these blocks was routed to ``replica``: it will hold them."""
-        blocks = self._replicas.setdefault(replica, ReplicaShadow()).namespaces.setdefault(
-            namespace, OrderedDict())
+        shadow = self._replicas.setdefault(replica, ReplicaShadow())
+        shadow.touched[namespace] = self.clock()
+        blocks = shadow.namespaces.setdefault(namespace, OrderedDict())
         for h in hashes:
             blocks[h] = None
             blocks.move_to_end(h)
@@ -105,7 +121,9 @@ class ShadowIndex:
     def correct(self, replica: str, report: ReplicaReport) -> None:
         """Apply a replica's report: a new ``started_at`` (restart) drops everything; a reset
         counter that moved drops that namespace; more shadowed blocks than the replica holds
-        drops the oldest (it evicts least recently used first, as the shadow is ordered)."""
+        drops the oldest (it evicts least recently used first, as the shadow is ordered) --
+        except in a namespace routed to since the report was taken (the replica had not
+        prefilled those blocks yet)."""
         shadow = self._replicas.setdefault(replica, ReplicaShadow())
         if shadow.started_at is not None and shadow.started_at != report.started_at:
             shadow.namespaces.clear()
@@ -116,11 +134,14 @@ class ShadowIndex:
                 shadow.namespaces.pop(ns, None)
             shadow.resets[ns] = count
         for ns, blocks in list(shadow.namespaces.items()):
+            if shadow.touched.get(ns, float("-inf")) >= report.taken_at - self.skew_s:
+                continue
             keep = report.cached_blocks.get(ns, 0)
             while len(blocks) > keep:
                 blocks.popitem(last=False)
             if not blocks:
                 del shadow.namespaces[ns]
+                shadow.touched.pop(ns, None)
 
 
 @dataclass(frozen=True)
@@ -136,6 +157,9 @@ def rank_replicas(index: ShadowIndex, namespace: str, hashes: Sequence[bytes],
                   loads: Mapping[str, int], margin: int) -> Choice:
     """Rank the replicas of ``loads`` (replica -> requests in flight) for a request.
 
+    "By load" means fewest requests in flight, then fewest shadowed blocks (a new prefix goes
+    where the cache is emptiest, so idle replicas share new tenants), then by name.
+
     The replica with the longest shadowed prefix first (ties: the least loaded, then by name),
     unless its load exceeds the least loaded replica's by more than ``margin``: then the least
     loaded first (``spill``). With no prefix anywhere: the least loaded (``load``). The rest
@@ -143,7 +167,7 @@ def rank_replicas(index: ShadowIndex, namespace: str, hashes: Sequence[bytes],
     """
     if not loads:
         return Choice([], "load", 0)
-    by_load = sorted(loads, key=lambda r: (loads[r], r))
+    by_load = sorted(loads, key=lambda r: (loads[r], index.size(r), r))
     least = by_load[0]
     scored = {r: index.matched_blocks(r, namespace, hashes) for r in loads}
     best = max(loads, key=lambda r: (scored[r], -loads[r], _neg(r)))

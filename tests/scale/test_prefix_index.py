@@ -85,3 +85,16 @@ def test_sixteen_tenants_spread_and_keep_their_prefixes() -> None:
     assert all(len(h) <= 2 for h in homes.values())
     assert sum(len(h) == 1 for h in homes.values()) >= 12
     assert 0.35 <= served["r1"] / 400 <= 0.65
+
+
+def test_a_report_older_than_the_routing_does_not_trim_it() -> None:
+    now = [100.0]
+    index = ShadowIndex(clock=lambda: now[0], skew_s=1.0)
+    hashes = block_hashes("t", list(range(32)), BS)
+    index.record("r1", "t", hashes)
+    # taken before the replica prefilled the routed prompt: it holds nothing there yet
+    index.correct("r1", ReplicaReport(1.0, {}, {}, taken_at=99.5))
+    assert index.matched_blocks("r1", "t", hashes) == 8
+    now[0] = 105.0
+    index.correct("r1", ReplicaReport(1.0, {"t": 3}, {}, taken_at=104.0))  # newer: trims
+    assert index.matched_blocks("r1", "t", hashes) == 0  # the oldest (leading) blocks went

@@ -319,6 +319,9 @@ class RayConfig:
     router_margin: the prefix router sends a request to the replica holding its longest
         cached prefix unless that replica has more than this many requests in flight over the
         least loaded one.
+    router_min_matched_fraction: the least share of a prompt's blocks a replica's cached
+        prefix must cover to attract the request (below it: the least loaded replica; every
+        chat prompt shares its template's first tokens).
     routing_stats_period_s: how often each replica reports its cache to the router
         (evictions, resets, restarts correct the router's shadow index).
     health_check_period_s: how often Ray checks each replica (engine loop alive, cache
@@ -336,6 +339,7 @@ class RayConfig:
     target_ongoing_requests: float = 32.0
     router: str = "prefix"
     router_margin: int = 8
+    router_min_matched_fraction: float = 0.25
     routing_stats_period_s: float = 1.0
     health_check_period_s: float = 5.0
 
@@ -347,6 +351,8 @@ class RayConfig:
         if self.num_cpus_per_replica < 0 or self.num_gpus_per_replica < 0 \
                 or self.ingress_num_cpus < 0:
             raise ConfigError("ray: CPU and GPU shares must be >= 0")
+        if not 0.0 <= self.router_min_matched_fraction <= 1.0:
+            raise ConfigError("ray.router_min_matched_fraction must be in [0, 1]")
         if self.max_ongoing_requests < 1 or self.router_margin < 0:
             raise ConfigError("ray.max_ongoing_requests must be >= 1, router_margin >= 0")
         if self.routing_stats_period_s <= 0 or self.health_check_period_s <= 0:

@@ -16,7 +16,10 @@ runs: listen on ``server.host:port`` through Ray Serve's proxy until SIGINT/SIGT
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
+import os
 import signal
 import threading
 from typing import Any
@@ -25,7 +28,7 @@ import ray
 from ray import serve
 from ray.serve.config import HTTPOptions, RequestRouterConfig
 
-from hermes_async.config import EngineConfig
+from hermes_async.config import EngineConfig, RayConfig
 from hermes_async.scale.ingress import Ingress
 from hermes_async.scale.replica import EngineReplica
 from hermes_async.scale.router import Pow2Router, PrefixAwareRouter
@@ -53,7 +56,10 @@ def engine_options(config: EngineConfig) -> dict[str, Any]:
         "graceful_shutdown_timeout_s": config.server.shutdown_drain_s + 5.0,
         "request_router_config": RequestRouterConfig(
             request_router_class=ROUTERS[rc.router],
-            request_router_kwargs={"margin": rc.router_margin} if rc.router == "prefix" else {},
+            request_router_kwargs={
+                "margin": rc.router_margin,
+                "min_matched_fraction": rc.router_min_matched_fraction,
+            } if rc.router == "prefix" else {},
             request_routing_stats_period_s=rc.routing_stats_period_s),
     }
     if rc.autoscaling:
@@ -66,23 +72,51 @@ def engine_options(config: EngineConfig) -> dict[str, Any]:
     return options
 
 
+def replica_pools(config: EngineConfig) -> EngineConfig:
+    """Without ``cache.kv_cache_bytes``, each replica's KV pool takes
+    ``kv_cache_memory_fraction / replicas`` (the most replicas, with autoscaling) of the memory
+    free when it starts, so that N replicas on one machine share what one engine would take."""
+    if config.cache.kv_cache_bytes is not None:
+        return config
+    most = max(config.ray.replicas, config.ray.autoscale_max_replicas or 0)
+    return config.replace(cache={
+        "kv_cache_memory_fraction": config.cache.kv_cache_memory_fraction / most})
+
+
 def build_app(config: EngineConfig, engine_factory: str | None = None) -> Any:
     """The bound application (``serve.run`` it). ``engine_factory``: ``"module:callable"``
     building each replica's engine from its config (default: the configured model)."""
     engine = serve.deployment(EngineReplica, **engine_options(config))
+    # the deployments' own arguments leave out what is a deployment option (replica counts,
+    # autoscaling, router): changing those is then an in-place update (scale up or down,
+    # draining the replicas that go), not a redeployment of every replica
+    args = dataclasses.replace(
+        replica_pools(config),
+        ray=RayConfig(num_cpus_per_replica=config.ray.num_cpus_per_replica))
     ingress = serve.deployment(Ingress, name=INGRESS_DEPLOYMENT,
                                ray_actor_options={"num_cpus": config.ray.ingress_num_cpus},
                                max_ongoing_requests=max(1000, config.ray.max_ongoing_requests),
                                graceful_shutdown_timeout_s=config.server.shutdown_drain_s + 5.0)
-    return ingress.bind(config, engine.bind(config, engine_factory))
+    return ingress.bind(args, engine.bind(args, engine_factory))
+
+
+def local_cpus(config: EngineConfig) -> int:
+    """Logical CPUs of a local cluster: the machine's, or what the deployments reserve when
+    that is more (two 1-CPU replicas and the ingress on a 2-core machine share its cores, as
+    a single server's threads would)."""
+    rc = config.ray
+    wanted = math.ceil(max(rc.replicas, rc.autoscale_max_replicas or 0) * rc.num_cpus_per_replica
+                       + rc.ingress_num_cpus)
+    return max(os.cpu_count() or 1, wanted)
 
 
 def start_ray(config: EngineConfig, **init_kwargs: Any) -> None:
-    """Join ``ray.address`` or start a local Ray (no dashboard), then Serve's HTTP proxy on
-    ``server.host:port``."""
+    """Join ``ray.address`` or start a local Ray (no dashboard; :func:`local_cpus` CPUs
+    unless ``num_cpus`` is given), then Serve's HTTP proxy on ``server.host:port``."""
     if not ray.is_initialized():
-        ray.init(address=config.ray.address, include_dashboard=False,
-                 **init_kwargs)
+        if config.ray.address is None:
+            init_kwargs.setdefault("num_cpus", local_cpus(config))
+        ray.init(address=config.ray.address, include_dashboard=False, **init_kwargs)
     serve.start(http_options=HTTPOptions(host=config.server.host, port=config.server.port))
 
 

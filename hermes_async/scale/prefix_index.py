@@ -154,7 +154,8 @@ class Choice:
 
 
 def rank_replicas(index: ShadowIndex, namespace: str, hashes: Sequence[bytes],
-                  loads: Mapping[str, int], margin: int) -> Choice:
+                  loads: Mapping[str, int], margin: int,
+                  min_matched_fraction: float = 0.0) -> Choice:
     """Rank the replicas of ``loads`` (replica -> requests in flight) for a request.
 
     "By load" means fewest requests in flight, then fewest shadowed blocks (a new prefix goes
@@ -162,8 +163,10 @@ def rank_replicas(index: ShadowIndex, namespace: str, hashes: Sequence[bytes],
 
     The replica with the longest shadowed prefix first (ties: the least loaded, then by name),
     unless its load exceeds the least loaded replica's by more than ``margin``: then the least
-    loaded first (``spill``). With no prefix anywhere: the least loaded (``load``). The rest
-    follow by load.
+    loaded first (``spill``). With no prefix anywhere, or none covering at least
+    ``min_matched_fraction`` of the prompt's full blocks (every chat prompt shares its first
+    template tokens; a short shared head is not worth piling requests on one replica): the
+    least loaded (``load``). The rest follow by load.
     """
     if not loads:
         return Choice([], "load", 0)
@@ -171,8 +174,8 @@ def rank_replicas(index: ShadowIndex, namespace: str, hashes: Sequence[bytes],
     least = by_load[0]
     scored = {r: index.matched_blocks(r, namespace, hashes) for r in loads}
     best = max(loads, key=lambda r: (scored[r], -loads[r], _neg(r)))
-    if scored[best] == 0:
-        return Choice(by_load, "load", 0)
+    if scored[best] == 0 or scored[best] < min_matched_fraction * len(hashes):
+        return Choice(by_load, "load", scored[best])
     if loads[best] - loads[least] > margin:
         return Choice(by_load, "spill", scored[least])
     return Choice([best] + [r for r in by_load if r != best], "prefix", scored[best])

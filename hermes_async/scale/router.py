@@ -117,12 +117,15 @@ class PrefixAwareRouter(InFlightMixin, RequestRouter):
     """Longest cached prefix first, within a load margin; see the module docstring.
 
     ``request_router_kwargs``: ``margin`` (calls in flight over the least loaded replica the
-    preferred one may have), ``max_blocks`` (shadowed digests per replica and namespace).
+    preferred one may have), ``min_matched_fraction`` (the least share of a prompt's blocks a
+    cached prefix must cover to attract it), ``max_blocks`` (shadowed digests per replica and
+    namespace).
     """
 
     def initialize_state(self, margin: int = 8, max_blocks: int = 200_000,
-                         **_: Any) -> None:
+                         min_matched_fraction: float = 0.25, **_: Any) -> None:
         self.margin = margin
+        self.min_matched_fraction = min_matched_fraction
         self.index = ShadowIndex(max_blocks)
         self.init_in_flight()
         self.reports: dict[str, object] = {}
@@ -145,7 +148,8 @@ class PrefixAwareRouter(InFlightMixin, RequestRouter):
         if hint is None or not hint.hashes:
             ranking = sorted(names, key=lambda n: (loads[n], n))
             return [[by_name[n] for n in ranking]]
-        choice = rank_replicas(self.index, hint.namespace, hint.hashes, loads, self.margin)
+        choice = rank_replicas(self.index, hint.namespace, hint.hashes, loads, self.margin,
+                               self.min_matched_fraction)
         hint.reason, hint.matched_blocks = choice.reason, choice.matched_blocks
         first, rest = choice.ranking[0], choice.ranking[1:]
         if hint.routed_to is None and pending_request is not None:

@@ -98,3 +98,15 @@ def test_a_report_older_than_the_routing_does_not_trim_it() -> None:
     now[0] = 105.0
     index.correct("r1", ReplicaReport(1.0, {"t": 3}, {}, taken_at=104.0))  # newer: trims
     assert index.matched_blocks("r1", "t", hashes) == 0  # the oldest (leading) blocks went
+
+
+def test_a_short_shared_head_does_not_attract_a_prompt() -> None:
+    index = ShadowIndex()
+    head = list(range(8))  # two blocks every prompt shares (a template's first tokens)
+    index.record("r1", "t", block_hashes("t", head + [50] * 24, BS))
+    other = block_hashes("t", head + [60] * 24, BS)  # 2 of its 8 blocks are cached on r1
+    assert rank_replicas(index, "t", other, {"r1": 1, "r2": 1}, 4).reason == "prefix"
+    choice = rank_replicas(index, "t", other, {"r1": 1, "r2": 1}, 4, min_matched_fraction=0.5)
+    assert (choice.ranking[0], choice.reason) == ("r2", "load")  # the emptier one, load tied
+    choice = rank_replicas(index, "t", other, {"r1": 1, "r2": 2}, 4, min_matched_fraction=0.5)
+    assert (choice.ranking[0], choice.reason) == ("r1", "load")  # by load alone

@@ -48,10 +48,12 @@ def system_prompt(tenant: str) -> str:
 
 
 class Client:
-    """HTTP to the ingress with the standard library (the openai client is used too)."""
+    """HTTP to the ingress with the standard library (the openai client is used too), and
+    the app's config (to redeploy it)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, config: EngineConfig) -> None:
         self.url = url
+        self.config = config
 
     def request(self, method: str, path: str, body: Any = None, key: str | None = ADMIN,
                 timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
@@ -84,14 +86,14 @@ def cluster() -> Iterator[Client]:
     cfg = EngineConfig().replace(
         server={"port": port, "api_keys": KEYS, "admin_key": ADMIN, "shutdown_drain_s": 2.0},
         scheduler={"max_waiting": 16},
+        cache={"kv_cache_bytes": 1 << 20},  # (the fake runner has its own pool)
         ray={"replicas": 2, "router_margin": 8, "routing_stats_period_s": 0.5,
              "health_check_period_s": 2.0, "num_cpus_per_replica": 1.0})
     start_ray(cfg, num_cpus=4, log_to_driver=False,
               runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
-        serve.run(build_app(cfg, "tests.scale.fake_engine:build_slow"), name=APP_NAME,
-                  route_prefix="/")
-        client = Client(f"http://127.0.0.1:{port}")
+        deploy(cfg)
+        client = Client(f"http://127.0.0.1:{port}", cfg)
         deadline = time.monotonic() + 120
         while client.request("GET", "/health", key=None)[0] != 200:
             assert time.monotonic() < deadline, "the Ray Serve app did not become healthy"
@@ -99,6 +101,11 @@ def cluster() -> Iterator[Client]:
         yield client
     finally:
         stop_ray()
+
+
+def deploy(cfg: EngineConfig) -> None:
+    serve.run(build_app(cfg, "tests.scale.fake_engine:build_slow"), name=APP_NAME,
+              route_prefix="/")
 
 
 def replicas_of(client: Client) -> list[str]:
@@ -345,6 +352,32 @@ def actor_name(replica: str) -> str:
         if entry["name"].endswith(f"#{replica}"):
             return str(entry["name"])
     raise AssertionError(f"no actor for replica {replica}")
+
+
+def test_downscale_drains_the_replica_that_goes(cluster: Client) -> None:
+    assert len(replicas_of(cluster)) == 2
+
+    def stream(i: int) -> bytes:  # a new prefix each: spread by load over both replicas
+        name = ("Alpha", "Bravo", "Charlie", "Delta")[i]
+        body = {"messages": [{"role": "system", "content": f"{name} tells stories. " * 8},
+                             {"role": "user", "content": "a story"}],
+                "max_tokens": 150, "stream": True}
+        status, _, raw = cluster.request("POST", "/v1/chat/completions", body, key="sk-other")
+        assert status == 200
+        return raw
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(stream, i) for i in range(4)]
+        time.sleep(1.0)  # 150 tokens take 3 s: the streams run on both replicas
+        assert len(replicas_of_streams(cluster)) == 2
+        deploy(cluster.config.replace(ray={"replicas": 1}))  # an in-place scale-down
+        bodies = [f.result(timeout=60) for f in futures]
+    for body in bodies:  # drained, not cut: every stream finished normally
+        assert body.endswith(b"data: [DONE]\n\n") and b'"error"' not in body
+        assert b'"finish_reason":"length"' in body
+    assert len(replicas_of(cluster)) == 1
+    status, _, _ = cluster.chat("t02", "still there?")
+    assert status == 200
 
 
 def test_shutdown_leaves_no_processes_or_ports(cluster: Client) -> None:

@@ -18,19 +18,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from hermes_async.config import EngineConfig
-from hermes_async.server import STATE, create_app, start_site, wait_until_ready
-
-T = TypeVar("T")
+from hermes_async.server.background import BackgroundServer
 
 try:
     import psutil
@@ -83,74 +80,19 @@ class LeakHook:
         self.kept.clear()
 
 
-class InProcessServer:
+class InProcessServer(BackgroundServer):
     """The real app on 127.0.0.1 (a free port) in a background thread with its own loop."""
 
     remote = False
 
     def __init__(self, config: EngineConfig, leak: LeakHook | None = None) -> None:
-        self.config = config
+        super().__init__(config, middlewares=[leak.middleware] if leak else [],
+                         on_cleanup=leak.release if leak else None, name="soak-server")
         self.leak = leak
-        self.url = ""
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.app: web.Application | None = None
-        self._started = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="soak-server", daemon=True)
 
-    @property
-    def engine(self) -> Any:
-        assert self.app is not None
-        return self.app[STATE].engine
-
-    def start(self, timeout_s: float = 300.0) -> InProcessServer:
-        self._thread.start()
-        if not self._started.wait(timeout_s) or self._error is not None:
-            raise RuntimeError(f"the server did not start: {self._error!r}")
-        assert self.app is not None
-        self.run(wait_until_ready(self.app), timeout=timeout_s)
+    def start(self, wait_ready: bool = True, timeout_s: float = 300.0) -> InProcessServer:
+        super().start(wait_ready, timeout_s)
         return self
-
-    def _run(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        try:
-            self.loop.run_until_complete(self._main())
-        except BaseException as e:  # noqa: BLE001 - reported by start()/stop()
-            self._error = e
-            self._started.set()
-        finally:
-            self.loop.close()
-
-    async def _main(self) -> None:
-        self._stop = asyncio.Event()
-        self.app = create_app(self.config)
-        if self.leak is not None:
-            self.app.middlewares.append(self.leak.middleware)
-        runner, self.url = await start_site(self.app, "127.0.0.1", 0)
-        self._started.set()
-        try:
-            await self._stop.wait()
-        finally:
-            if self.leak is not None:
-                self.leak.release()
-            await runner.cleanup()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
-        """Run ``coro`` on the server loop (blocking)."""
-        assert self.loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def call(self, fn: Callable[[], T], timeout: float = 60) -> T:
-        """Call ``fn`` on the server loop (blocking)."""
-        async def wrapper() -> T:
-            return fn()
-        return self.run(wrapper(), timeout)
-
-    async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` on the server loop from another loop."""
-        assert self.loop is not None
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
     async def _server_figures(self) -> dict[str, float]:
         load = self.engine.load()
@@ -175,16 +117,6 @@ class InProcessServer:
         except Exception as e:  # noqa: BLE001 - reported as a failed check
             return f"{type(e).__name__}: {e}"
         return None
-
-    def stop(self) -> None:
-        """Shut down (drain, stop the engine: its own integrity check runs); re-raises."""
-        if self.loop is not None and self._stop is not None and self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(120)
-        if self._thread.is_alive():
-            raise RuntimeError("the server did not stop")
-        if self._error is not None:
-            raise self._error
 
 
 GAUGES = {"hermes_num_requests_running": "running", "hermes_num_requests_waiting": "waiting",

@@ -10,10 +10,14 @@
 Modules: ``app`` (the app, listening), ``state`` (typed app/request keys), ``auth`` and
 ``errors`` (the two middlewares), ``handlers`` (request -> service), ``body`` (the body's
 size and time limits), ``respond`` (a service's response -> aiohttp, SSE included, each write
-bounded by ``server.write_timeout_s`` against clients that stop reading), ``dashboard``.
+bounded by ``server.write_timeout_s`` against clients that stop reading), ``head`` (request-
+head limits: 431/414), ``dashboard``, ``background`` (:class:`BackgroundServer`: the app from
+a thread with its own loop, for tests, soaks and synchronous programs).
 """
 
 from hermes_async.server.app import create_app, runner_options, start_site, wait_until_ready
+from hermes_async.server.background import BackgroundServer
 from hermes_async.server.state import STATE
 
-__all__ = ["STATE", "create_app", "runner_options", "start_site", "wait_until_ready"]
+__all__ = ["STATE", "BackgroundServer", "create_app", "runner_options", "start_site",
+           "wait_until_ready"]

@@ -45,6 +45,14 @@ def test_default_toml_documents_every_server_key():
         assert f.name in text, f.name
 
 
+def test_default_toml_documents_every_ray_key():
+    from hermes_async.config import RayConfig
+
+    text = (CONFIGS / "default.toml").read_text().split("[ray]", 1)[1]
+    for f in dataclasses.fields(RayConfig):
+        assert f.name in text, f.name
+
+
 def test_server_config_validation_and_secret_repr():
     cfg = from_dict({"server": {"api_keys": {"sk-1": "team-a"}, "port": 0}})
     assert cfg.server.api_keys == {"sk-1": "team-a"} and "sk-1" not in repr(cfg)

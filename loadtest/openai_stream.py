@@ -45,6 +45,31 @@ class RequestRecord:
         return d
 
 
+@dataclass(frozen=True)
+class Payload:
+    """One SSE ``data`` payload of an OpenAI stream: ``[DONE]``, a chunk object, or what is
+    wrong with it (not JSON, an error event)."""
+
+    done: bool = False
+    obj: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def parse_payload(data: str) -> Payload:
+    """``data`` as a :class:`Payload` (a JSON value that is not an object: neither)."""
+    if data.strip() == "[DONE]":
+        return Payload(done=True)
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return Payload(error=f"bad event: {data[:200]}")
+    if not isinstance(obj, dict):
+        return Payload()
+    if obj.get("error"):
+        return Payload(error=f"error event: {json.dumps(obj['error'])[:300]}")
+    return Payload(obj=obj)
+
+
 class SSEDecoder:
     """Bytes in, ``data`` payloads of complete events out (multi-line data joined by \\n)."""
 
@@ -119,18 +144,15 @@ class StreamTimer:
     def event(self, data: str, now: float) -> None:
         """One SSE ``data`` payload received at ``now`` (perf_counter)."""
         rec = self.rec
-        if data.strip() == "[DONE]":
+        payload = parse_payload(data)
+        if payload.done:
             self.done = True
             return
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            rec.error = f"bad event: {data[:200]}"
+        if payload.error is not None:
+            rec.error = payload.error
             return
-        if not isinstance(obj, dict):
-            return
-        if obj.get("error"):
-            rec.error = f"error event: {json.dumps(obj['error'])[:300]}"
+        obj = payload.obj
+        if obj is None:
             return
         if obj.get("usage"):
             apply_usage(rec, obj["usage"])

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from openai_stream import SSEDecoder
+from openai_stream import SSEDecoder, parse_payload
 
 SYSTEM_PROMPTS = {
     "alpha": [
@@ -116,18 +116,12 @@ class StreamResult:
     error: str | None = None
 
     def event(self, data: str) -> None:
-        if data.strip() == "[DONE]":
-            self.done = True
+        payload = parse_payload(data)
+        self.done = self.done or payload.done
+        self.error = payload.error or self.error
+        if payload.obj is None:
             return
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            self.error = f"bad event {data[:120]!r}"
-            return
-        if isinstance(obj, dict) and obj.get("error"):
-            self.error = f"error event {json.dumps(obj['error'])[:200]}"
-            return
-        for choice in obj.get("choices") or []:
+        for choice in payload.obj.get("choices") or []:
             i = choice.get("index", 0)
             delta = choice.get("delta")
             text = (delta or {}).get("content") if delta is not None else choice.get("text")

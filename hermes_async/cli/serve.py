@@ -66,13 +66,12 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
 
         server["api_keys"] = {**cfg.server.api_keys, args.api_key: DEFAULT_TENANT}
     ray: dict[str, Any] = {}
-    replicas, address = getattr(args, "replicas", None), getattr(args, "ray_address", None)
-    if replicas is not None:
-        if replicas < 1:
+    if args.replicas is not None:
+        if args.replicas < 1:
             raise config_mod.ConfigError("--replicas must be >= 1")
-        ray["replicas"] = replicas
-    if address:
-        ray["address"] = address
+        ray["replicas"] = args.replicas
+    if args.ray_address:
+        ray["address"] = args.ray_address
     return cfg.replace(model=model, server=server, ray=ray)
 
 
@@ -83,8 +82,7 @@ RAY_MISSING = ("hermes-async: --replicas/--ray/--ray-address serve on Ray Serve,
 
 def wants_ray(args: argparse.Namespace) -> bool:
     """``--ray``, ``--ray-address`` or ``--replicas`` N >= 2."""
-    return bool(getattr(args, "ray", False) or getattr(args, "ray_address", None)
-                or (getattr(args, "replicas", None) or 1) >= 2)
+    return bool(args.ray or args.ray_address or (args.replicas or 1) >= 2)
 
 
 def serve_on_ray(cfg: EngineConfig) -> int:

@@ -17,7 +17,6 @@ runs: listen on ``server.host:port`` through Ray Serve's proxy until SIGINT/SIGT
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import signal
@@ -32,8 +31,6 @@ from hermes_async.config import EngineConfig, RayConfig
 from hermes_async.scale.ingress import Ingress
 from hermes_async.scale.replica import EngineReplica
 from hermes_async.scale.router import Pow2Router, PrefixAwareRouter
-
-log = logging.getLogger("hermes_async.scale")
 
 APP_NAME = "hermes"
 ENGINE_DEPLOYMENT = "engine"

@@ -9,7 +9,6 @@ drains its streams for ``server.shutdown_drain_s``.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ray import serve
@@ -18,8 +17,6 @@ from hermes_async.asgi import ASGIApp
 from hermes_async.config import EngineConfig
 from hermes_async.openai.state import ServiceState
 from hermes_async.scale.remote_engine import RemoteEngine
-
-log = logging.getLogger("hermes_async.scale")
 
 
 @serve.ingress()

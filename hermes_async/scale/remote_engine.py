@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from hermes_async.builder import Front, build_front
 from hermes_async.config import EngineConfig
 from hermes_async.engine.async_engine import DEFAULT_NAMESPACE, CacheResetResult, WarmResult
-from hermes_async.engine.errors import EngineError, NamespaceBusyError, QueueFullError
+from hermes_async.engine.errors import EngineError, QueueFullError
 from hermes_async.engine.front import FrontMethods, PromptFront, check_context_length
 from hermes_async.engine.request import (
     CompiledConstraint,
@@ -342,5 +342,3 @@ class RemoteEngine(FrontMethods):
             out[name] = answer.value
         return out
 
-
-__all__ = ["NamespaceBusyError", "RemoteEngine"]

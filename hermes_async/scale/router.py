@@ -22,7 +22,6 @@ replica's name), ``routed_to``, ``reason`` and ``matched_blocks``.
 
 from __future__ import annotations
 
-import logging
 import random
 from typing import Any
 
@@ -37,8 +36,6 @@ from ray.serve.request_router import (
 
 from hermes_async.scale.messages import RouteHint
 from hermes_async.scale.prefix_index import ReplicaReport, ShadowIndex, rank_replicas
-
-log = logging.getLogger("hermes_async.scale")
 
 
 def hint_of(request: PendingRequest | None) -> RouteHint | None:

@@ -68,7 +68,8 @@ def test_cli_flags_over_file_over_defaults(tmp_path):
                     '[server.api_keys]\n"sk-x" = "team-x"\n')
 
     def args(**kw):
-        base = dict(config=None, model=None, dtype=None, host=None, port=None, api_key=None)
+        base = dict(config=None, model=None, dtype=None, host=None, port=None, api_key=None,
+                    replicas=None, ray=False, ray_address=None)
         return argparse.Namespace(**{**base, **kw})
 
     assert build_config(args()) == EngineConfig()
@@ -79,6 +80,8 @@ def test_cli_flags_over_file_over_defaults(tmp_path):
     assert (cfg.model.dtype, cfg.model.path, cfg.server.port) == ("float32", "/m", 0)
     assert cfg.server.api_keys == {"sk-x": "team-x", "sk-cli": "default"}
     assert cfg.server.host == "0.0.0.0"
+    cfg = build_config(args(replicas=3, ray_address="10.0.0.1:6379"))
+    assert (cfg.ray.replicas, cfg.ray.address) == (3, "10.0.0.1:6379")
 
 
 # ----- auth ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ attention), same inputs, same run; prints a markdown table.
 
     python loadtest/bench_attention_kernels.py                         # vllm-cpu, native-cpu
     python loadtest/bench_attention_kernels.py --backends torch vllm-cpu native-cpu --threads 2
+    python loadtest/bench_attention_kernels.py --context 150 --cold-mb 64    # as in a model
 
 Cases (SmolLM2-135M's attention shapes by default: 9 query heads, 3 KV heads, head_dim 64):
 ``decode`` (``--seqs`` sequences, one new token each after ``--context`` cached tokens) and
@@ -124,7 +125,17 @@ def prepare(name: str, kind: str, a: argparse.Namespace,
     return call, float(diff)
 
 
-def measure(calls: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+def evictor(megabytes: int) -> Callable[[], object] | None:
+    """A call that reads ``megabytes`` of other memory (untimed, before each measured call):
+    the pool then comes from DRAM, as a layer's K/V does after the other layers' weights."""
+    if megabytes <= 0:
+        return None
+    other = torch.ones(megabytes << 18, dtype=torch.float32)  # 4-byte elements
+    return lambda: other.sum()
+
+
+def measure(calls: dict[str, Callable[[], object]], repeat: int,
+            setup: Callable[[], object] | None = None) -> dict[str, float]:
     """Median ms of each call, the calls taking turns (so a load change hits all alike, and
     each finds the caches holding the others' pools, as a layer finds them in a model)."""
     samples: dict[str, list[float]] = {n: [] for n in calls}
@@ -132,7 +143,7 @@ def measure(calls: dict[str, Callable[[], object]], repeat: int) -> dict[str, fl
         fn()
     for _ in range(repeat):
         for n, fn in calls.items():
-            samples[n] += sample_seconds(fn, 1)
+            samples[n] += sample_seconds(fn, 1, setup=setup)
     return {n: statistics.median(t) * 1e3 for n, t in samples.items()}
 
 
@@ -150,6 +161,8 @@ def main() -> None:
     ap.add_argument("--cached", type=int, default=1024, help="prefill: cached tokens before")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    ap.add_argument("--cold-mb", type=int, default=0,
+                    help="read this many MB of other memory before each call (cold caches)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -159,11 +172,12 @@ def main() -> None:
     rows = {}
     for c in cases:
         prepared = {b: prepare(b, c, a, dtype) for b in a.backends}
-        ms = measure({b: fn for b, (fn, _) in prepared.items()}, a.repeat)
+        ms = measure({b: fn for b, (fn, _) in prepared.items()}, a.repeat, evictor(a.cold_mb))
         rows.update({(b, c): (ms[b], err) for b, (_, err) in prepared.items()})
+    cold = f", caches cold ({a.cold_mb} MB read before each call)" if a.cold_mb else ""
     print(f"{a.dtype}, {a.heads} heads / {a.kv_heads} KV heads x {a.head_dim}, block "
           f"{a.block_size}, {torch.get_num_threads()} threads, median of {a.repeat} "
-          f"(backends taking turns), ms per layer\n")
+          f"(backends taking turns){cold}, ms per layer\n")
     print("| case | " + " | ".join(f"{b} ms" for b in a.backends) + " | "
           + " | ".join(f"{b} max err" for b in a.backends) + " |")
     print("|---" * (1 + 2 * len(a.backends)) + "|")

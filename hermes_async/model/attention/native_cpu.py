@@ -4,8 +4,10 @@ Same pool layout (``hnd``) and step tensors as ``vllm-cpu`` (:func:`.vllm_cpu.st
 one ``write_kv`` and one ``paged_attention`` call per layer cover the whole mixed step. The
 kernels are built at set-up (``make setup``, or ``python -m hermes_async.model.attention.native``)
 for this CPU and torch; a backend made before that refuses with :class:`BackendUnavailable`.
-The decoder's other ops are vLLM's fused CPU ones (:class:`VllmCpuLayerOps`) where the
-``vllm-cpu`` library loads, so the two backends differ in attention only; plain torch elsewhere.
+The decoder's SiLU-and-multiply is ours too (``silu_and_mul``: 3-7x faster than vLLM's on a
+Zen 4, BENCHMARKS.md); its other ops are vLLM's fused CPU ones (:class:`VllmCpuLayerOps`:
+oneDNN linears over prepacked weights, norms, rotary) where the ``vllm-cpu`` library loads,
+plain torch elsewhere.
 """
 
 from __future__ import annotations
@@ -55,6 +57,29 @@ class NativeCpuPlan(AttentionPlan):
         return out
 
 
+class NativeActivation:
+    """Mixin for layer ops: SiLU-and-multiply by ``torch.ops.hermes_native.silu_and_mul``
+    (float32 inside, rounded once to the input's dtype)."""
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2, dtype=gate_up.dtype,
+                          device=gate_up.device)
+        torch.ops.hermes_native.silu_and_mul(out, gate_up.contiguous())
+        return out
+
+
+class NativeVllmLayerOps(NativeActivation, VllmCpuLayerOps):
+    """vLLM's linears, norms and rotary; our activation."""
+
+    name = "native-cpu+vllm-cpu"
+
+
+class NativeTorchLayerOps(NativeActivation, TorchLayerOps):
+    """Plain torch linears, norms and rotary; our activation."""
+
+    name = "native-cpu+torch"
+
+
 class NativeCpuBackend(AttentionBackend):
     """Our kernels for models without sliding windows, bfloat16 or float32, head sizes and
     block sizes multiples of 8, any GQA grouping."""
@@ -80,12 +105,13 @@ class NativeCpuBackend(AttentionBackend):
 
     def layer_ops(self, spec: ModelSpec, dtype: torch.dtype,
                   weights: list[torch.Tensor]) -> TorchLayerOps:
-        """vLLM's oneDNN linears and fused kernels where that library loads, else torch."""
+        """Our activation; vLLM's oneDNN linears and fused kernels where that library loads,
+        else torch."""
         try:
             ops = load_ops()
         except (BackendUnavailable, OSError):
-            return TorchLayerOps(spec)
-        return VllmCpuLayerOps(spec, dtype, ops, weights)
+            return NativeTorchLayerOps(spec)
+        return NativeVllmLayerOps(spec, dtype, ops, weights)
 
     def plan(self, packed: Sequence[SequenceStep], slot_mapping: torch.Tensor,
              ordering: Ordering) -> NativeCpuPlan:

@@ -28,10 +28,12 @@
 // rounded to bfloat16, as flash attention does on GPUs). The next pool block is prefetched.
 //
 // Files: common.h (vectors, work items, scratch), rows_path.h, columns_path.h, bf16_paths.h;
-// this file splits the work, dispatches each item to its path and registers the ops.
+// this file splits the work, dispatches each item to its path and registers the ops (also
+// silu_and_mul from activations.h: the MLP activation, so the backend needs no other library).
 
 #include <torch/library.h>
 
+#include "activations.h"
 #include "bf16_paths.h"
 #include "columns_path.h"
 #include "common.h"
@@ -226,6 +228,7 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor key_cac
 }  // namespace hermes_native
 
 using hermes_native::paged_attention;
+using hermes_native::silu_and_mul;
 using hermes_native::write_kv;
 
 TORCH_LIBRARY(hermes_native, m) {
@@ -233,9 +236,11 @@ TORCH_LIBRARY(hermes_native, m) {
         "Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
         "Tensor query_start_loc, Tensor seq_lens, Tensor block_table, float scale) -> ()");
+  m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
   m.impl("write_kv", &write_kv);
   m.impl("paged_attention", &paged_attention);
+  m.impl("silu_and_mul", &silu_and_mul);
 }

@@ -114,18 +114,19 @@ class ModelRunner:
             last.append(len(input_ids) - 1)
         positions, slots = self._positions_and_slots(packed)
         dev = self.device
-        if self.graphs is not None and self.graphs.can_run(packed):  # replay a decode graph
-            logits = self.graphs.run(packed, input_ids, positions, slots)
-        else:
-            plan = self.attention.plan(packed, slots.to(dev), ordering)
-            logits = self.model(
-                torch.tensor(input_ids, dtype=torch.long, device=dev), positions.to(dev),
-                plan, self.pool, torch.tensor(last, dtype=torch.long, device=dev),
-            )
-        inverse = [0] * len(order)
+        inverse = [0] * len(order)  # packed index of each step
         for packed_idx, original in enumerate(order):
             inverse[original] = packed_idx
-        return logits[torch.tensor(inverse, dtype=torch.long, device=dev)]
+        if self.graphs is not None and self.graphs.can_run(packed):  # replay a decode graph
+            logits = self.graphs.run(packed, input_ids, positions, slots)  # packed order
+            if inverse == list(range(len(order))):
+                return logits
+            return logits[torch.tensor(inverse, dtype=torch.long, device=dev)]
+        plan = self.attention.plan(packed, slots.to(dev), ordering)
+        # the LM head reads each step's last token in step order: no gather of the logits
+        logits_indices = torch.tensor([last[p] for p in inverse], dtype=torch.long, device=dev)
+        return self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
+                          positions.to(dev), plan, self.pool, logits_indices)
 
     def _validate(self, i: int, s: SequenceStep) -> None:
         if not s.token_ids:

@@ -8,6 +8,9 @@ earlier round cannot serve them); every server sees the same seeds.
     .venv/bin/python loadtest/compare_rounds.py --servers hermes,vllm --runs short@32 \\
         --rounds 5 --dtype bfloat16 --out-dir /tmp/rounds
 
+A server may carry environment settings after ``+`` (``hermes+OMP_WAIT_POLICY=PASSIVE``):
+the same server twice with and without a setting is an A/B of that setting.
+
 Prints, per run, each round's output tok/s and TTFT p50 per server, then the medians and the
 ratio of the medians (hermes / peer for tok/s, peer / hermes for TTFT: > 1 means hermes is
 better); ``rounds.json`` in ``--out-dir`` keeps every summary.
@@ -30,16 +33,19 @@ from serving_config import BenchConfig
 from serving_sweep import run_benchmark
 
 
-def start(name: str, port: int, hf: Path, gguf: Path, args: argparse.Namespace,
+def start(label: str, port: int, hf: Path, gguf: Path, args: argparse.Namespace,
           out_dir: Path) -> tuple[subprocess.Popen, str]:
-    """Start ``name`` on ``port``; returns the process and the model id it serves."""
+    """Start the server ``label`` names (``name[+KEY=VALUE...]``) on ``port``; returns the
+    process and the model id it serves."""
+    name, *settings = label.split("+")
     cmd, env = server_command(name, port, hf, gguf, args.threads, args.dtype)
-    log = (out_dir / f"{name}.log").open("w")
+    env = {**env, **dict(kv.split("=", 1) for kv in settings)}
+    log = (out_dir / f"{label.replace('/', '_')}.log").open("w")
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     t0 = time.monotonic()
     model = wait_ready(f"http://127.0.0.1:{port}", proc, args.start_timeout)
-    print(f"[{name}] ready on port {port} in {time.monotonic() - t0:.0f} s", flush=True)
+    print(f"[{label}] ready on port {port} in {time.monotonic() - t0:.0f} s", flush=True)
     return proc, model
 
 

@@ -1,13 +1,16 @@
 """How long the default model's linear layers take per decode step, by batch size: the floor
 under a decode step's time on a CPU (issue 14's "short prompts at 32" profile).
 
-One pass multiplies ``M`` rows by every weight matrix of SmolLM2-135M (30 layers of q, k, v,
-o, gate, up, down, plus the LM head) in the given dtype, with ``torch.nn.functional.linear``
-(oneDNN). Prints ms per pass, the weight bytes streamed per second and GFLOP/s per ``M``:
-where the time stays flat as ``M`` grows the step is bound by reading the weights from
-memory, where it grows with ``M`` by the matmuls themselves.
+One pass multiplies ``M`` rows by every weight matrix of SmolLM2-135M (30 layers of qkv, o,
+gate-up and down as the engine fuses them, or ``--unfused`` q, k, v, o, gate, up, down; plus
+the LM head) in the given dtype, with ``torch.nn.functional.linear`` (``--ops torch``) or
+with what the engine's CPU backends run (``--ops onednn``: vLLM's oneDNN matmuls over weights
+prepacked once, :class:`hermes_async.model.layer_ops.OneDnnLinear`). Prints ms per pass, the
+weight bytes streamed per second and GFLOP/s per ``M``: where the time stays flat as ``M``
+grows the step is bound by reading the weights from memory, where it grows with ``M`` by the
+matmuls themselves.
 
-    .venv/bin/python loadtest/bench_linear_batch.py --threads 2 --dtype bfloat16
+    .venv/bin/python loadtest/bench_linear_batch.py --threads 2 --dtype bfloat16 --ops onednn
 """
 
 from __future__ import annotations
@@ -20,17 +23,36 @@ import torch
 HIDDEN, INTERMEDIATE, LAYERS, KV_DIM, VOCAB = 576, 1536, 30, 192, 49152
 
 
-def weight_shapes() -> list[tuple[int, int]]:
-    """(out, in) of every linear layer of SmolLM2-135M, the LM head last."""
-    per_layer = [(HIDDEN, HIDDEN), (KV_DIM, HIDDEN), (KV_DIM, HIDDEN), (HIDDEN, HIDDEN),
-                 (INTERMEDIATE, HIDDEN), (INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
+def weight_shapes(fused: bool = True) -> list[tuple[int, int]]:
+    """(out, in) of every linear layer of SmolLM2-135M, the LM head last; ``fused``: q, k, v
+    as one matrix and gate, up as one, as the engine multiplies them."""
+    if fused:
+        per_layer = [(HIDDEN + 2 * KV_DIM, HIDDEN), (HIDDEN, HIDDEN),
+                     (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
+    else:
+        per_layer = [(HIDDEN, HIDDEN), (KV_DIM, HIDDEN), (KV_DIM, HIDDEN), (HIDDEN, HIDDEN),
+                     (INTERMEDIATE, HIDDEN), (INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
     return per_layer * LAYERS + [(VOCAB, HIDDEN)]
 
 
-def one_pass(inputs: dict[int, torch.Tensor], weights: list[torch.Tensor]) -> None:
-    """Every weight once, each on an input as wide as its ``in`` dimension."""
-    for w in weights:
-        torch.nn.functional.linear(inputs[w.shape[1]], w)
+def one_pass(inputs: dict[int, torch.Tensor], weights: list[torch.Tensor],
+             linears: list | None = None) -> None:
+    """Every weight once, each on an input as wide as its ``in`` dimension (through its
+    prepacked ``linears`` entry when given)."""
+    for i, w in enumerate(weights):
+        if linears is None:
+            torch.nn.functional.linear(inputs[w.shape[1]], w)
+        else:
+            linears[i](inputs[w.shape[1]], None)
+
+
+def prepacked(weights: list[torch.Tensor]) -> list:
+    """Each weight prepacked for vLLM's oneDNN matmul, as the engine's CPU backends do."""
+    from hermes_async.model.attention.vllm_cpu import load_ops
+    from hermes_async.model.layer_ops import OneDnnLinear
+
+    ops = load_ops()
+    return [OneDnnLinear(ops, w) for w in weights]
 
 
 def main() -> None:
@@ -39,21 +61,24 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--batches", default="1,8,16,32,64,128")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ops", default="torch", choices=["torch", "onednn"])
+    parser.add_argument("--unfused", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    weights = [torch.randn(o, i, dtype=dtype) for o, i in weight_shapes()]
+    weights = [torch.randn(o, i, dtype=dtype) for o, i in weight_shapes(not args.unfused)]
+    linears = prepacked(weights) if args.ops == "onednn" else None
     numel = sum(w.numel() for w in weights)
     print(f"{len(weights)} matrices, {numel * weights[0].element_size() / 1e6:.0f} MB of "
-          f"{args.dtype} weights, {args.threads} threads")
+          f"{args.dtype} weights, {args.threads} threads, {args.ops}")
     print("| M | ms per pass | weights GB/s | GFLOP/s |\n|---:|---:|---:|---:|")
     for m in (int(b) for b in args.batches.split(",")):
         inputs = {n: torch.randn(m, n, dtype=dtype) for n in (HIDDEN, INTERMEDIATE)}
         for _ in range(2):
-            one_pass(inputs, weights)
+            one_pass(inputs, weights, linears)
         start = time.perf_counter()
         for _ in range(args.repeats):
-            one_pass(inputs, weights)
+            one_pass(inputs, weights, linears)
         seconds = (time.perf_counter() - start) / args.repeats
         print(f"| {m} | {seconds * 1e3:.1f} | "
               f"{numel * weights[0].element_size() / seconds / 1e9:.1f} | "

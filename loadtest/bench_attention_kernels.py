@@ -125,6 +125,23 @@ def prepare(name: str, kind: str, a: argparse.Namespace,
     return call, float(diff)
 
 
+def blocks_copy(kind: str, a: argparse.Namespace, dtype: torch.dtype) -> Callable[[], object]:
+    """The memory floor of a case: copy every K/V block its step reads (the whole context of
+    each sequence, ``hnd`` blocks) into a preallocated buffer, nothing computed."""
+    steps, num_blocks = make_case(kind, a)
+    shape = (num_blocks, a.kv_heads, a.block_size, a.head_dim)
+    k, v = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    ids = torch.tensor([b for s in steps for b in s.block_table[: -(-s.context_len //
+                                                                     a.block_size)]])
+    k_out, v_out = k[ids].clone(), v[ids].clone()
+
+    def call() -> object:
+        torch.index_select(k, 0, ids, out=k_out)
+        return torch.index_select(v, 0, ids, out=v_out)
+
+    return call
+
+
 def evictor(megabytes: int) -> Callable[[], object] | None:
     """A call that reads ``megabytes`` of other memory (untimed, before each measured call):
     the pool then comes from DRAM, as a layer's K/V does after the other layers' weights."""
@@ -161,6 +178,8 @@ def main() -> None:
     ap.add_argument("--cached", type=int, default=1024, help="prefill: cached tokens before")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    ap.add_argument("--copy-floor", action="store_true",
+                    help="also time copying the blocks each case reads (the memory floor)")
     ap.add_argument("--cold-mb", type=int, default=0,
                     help="read this many MB of other memory before each call (cold caches)")
     a = ap.parse_args()
@@ -172,17 +191,23 @@ def main() -> None:
     rows = {}
     for c in cases:
         prepared = {b: prepare(b, c, a, dtype) for b in a.backends}
-        ms = measure({b: fn for b, (fn, _) in prepared.items()}, a.repeat, evictor(a.cold_mb))
+        calls = {b: fn for b, (fn, _) in prepared.items()}
+        if a.copy_floor:
+            calls["blocks copy"] = blocks_copy(c, a, dtype)
+        ms = measure(calls, a.repeat, evictor(a.cold_mb))
         rows.update({(b, c): (ms[b], err) for b, (_, err) in prepared.items()})
+        if a.copy_floor:
+            rows["blocks copy", c] = (ms["blocks copy"], float("nan"))
     cold = f", caches cold ({a.cold_mb} MB read before each call)" if a.cold_mb else ""
     print(f"{a.dtype}, {a.heads} heads / {a.kv_heads} KV heads x {a.head_dim}, block "
           f"{a.block_size}, {torch.get_num_threads()} threads, median of {a.repeat} "
           f"(backends taking turns){cold}, ms per layer\n")
-    print("| case | " + " | ".join(f"{b} ms" for b in a.backends) + " | "
+    timed = [*a.backends, *(["blocks copy"] if a.copy_floor else [])]
+    print("| case | " + " | ".join(f"{b} ms" for b in timed) + " | "
           + " | ".join(f"{b} max err" for b in a.backends) + " |")
-    print("|---" * (1 + 2 * len(a.backends)) + "|")
+    print("|---" * (1 + len(timed) + len(a.backends)) + "|")
     for c, label in cases.items():
-        ms = " | ".join(f"{rows[b, c][0]:.2f}" for b in a.backends)
+        ms = " | ".join(f"{rows[b, c][0]:.2f}" for b in timed)
         err = " | ".join(f"{rows[b, c][1]:.1e}" for b in a.backends)
         print(f"| {label} | {ms} | {err} |")
 

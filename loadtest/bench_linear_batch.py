@@ -63,6 +63,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ops", default="torch", choices=["torch", "onednn"])
     parser.add_argument("--unfused", action="store_true")
+    parser.add_argument("--per-shape", type=int, default=0, metavar="M",
+                        help="also time each distinct weight shape alone at M rows")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -83,6 +85,36 @@ def main() -> None:
         print(f"| {m} | {seconds * 1e3:.1f} | "
               f"{numel * weights[0].element_size() / seconds / 1e9:.1f} | "
               f"{2 * m * numel / seconds / 1e9:.0f} |")
+    if args.per_shape:
+        per_shape(weights, linears, args.per_shape, args.repeats)
+
+
+def per_shape(weights: list[torch.Tensor], linears: list | None, m: int,
+              repeats: int) -> None:
+    """Each distinct shape once at ``m`` rows: ms per call, GFLOP/s, ms in one pass."""
+    print(f"\n| shape (out x in) at M={m} | ms per call | GFLOP/s | calls per pass | "
+          f"ms per pass |\n|---|---:|---:|---:|---:|")
+    seen: dict[tuple[int, int], int] = {}
+    for i, w in enumerate(weights):
+        seen.setdefault(tuple(w.shape), i)
+    counts = {shape: sum(tuple(w.shape) == shape for w in weights) for shape in seen}
+    for shape, i in seen.items():
+        x = torch.randn(m, shape[1], dtype=weights[i].dtype)
+        w = weights[i]
+
+        def call(x=x, w=w, i=i) -> object:
+            return (torch.nn.functional.linear(x, w) if linears is None
+                    else linears[i](x, None))
+
+        for _ in range(3):
+            call()
+        start = time.perf_counter()
+        for _ in range(repeats * 4):
+            call()
+        sec = (time.perf_counter() - start) / (repeats * 4)
+        print(f"| {shape[0]} x {shape[1]} | {sec * 1e3:.3f} | "
+              f"{2 * m * shape[0] * shape[1] / sec / 1e9:.0f} | {counts[shape]} | "
+              f"{sec * counts[shape] * 1e3:.1f} |")
 
 
 if __name__ == "__main__":

@@ -33,13 +33,22 @@ from serving_config import BenchConfig
 from serving_sweep import run_benchmark
 
 
+def parse_label(label: str) -> tuple[str, dict[str, str]]:
+    """``name[+KEY=VALUE...]`` -> (server name, extra environment)."""
+    name, *settings = label.split("+")
+    bad = [kv for kv in settings if "=" not in kv]
+    if bad:
+        raise ValueError(f"{label!r}: settings after '+' are KEY=VALUE, not {bad}")
+    return name, dict(kv.split("=", 1) for kv in settings)
+
+
 def start(label: str, port: int, hf: Path, gguf: Path, args: argparse.Namespace,
           out_dir: Path) -> tuple[subprocess.Popen, str]:
     """Start the server ``label`` names (``name[+KEY=VALUE...]``) on ``port``; returns the
     process and the model id it serves."""
-    name, *settings = label.split("+")
+    name, settings = parse_label(label)
     cmd, env = server_command(name, port, hf, gguf, args.threads, args.dtype)
-    env = {**env, **dict(kv.split("=", 1) for kv in settings)}
+    env = {**env, **settings}
     log = (out_dir / f"{label.replace('/', '_')}.log").open("w")
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

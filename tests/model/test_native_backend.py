@@ -113,6 +113,31 @@ def test_decode_matches_the_reference(dtype, shape):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}-kv{}-d{}-bs{}".format(*s))
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_few_long_decodes_split_their_context_and_match(dtype, shape, threads):
+    """One or two long decodes are fewer items than the threads want: their contexts are cut
+    into parts merged by log-sum-exp (split.h); parts of uneven length, a last part of one
+    key, a decode too short to split beside them."""
+    heads, kv_heads, d, bs = shape
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for spec in ([(1039, 1)], [(4999, 1), (700, 1)], [(256, 1)], [(2 * 256, 1), (9, 1)]):
+            ours, ref = attend_both(spec, heads, kv_heads, d, bs, dtype, seed=len(spec))
+            assert (ours - ref).abs().max().item() < tolerance(dtype), spec
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_long_decode_beside_a_prefill_chunk_matches():
+    """Splits happen in mixed steps too (the prefill tile stays whole)."""
+    spec = [(3000, 1), (40, 20)]
+    ours, ref = attend_both(spec, 9, 3, 64, 32, torch.bfloat16, seed=11)
+    assert (ours - ref).abs().max().item() < tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}-kv{}-d{}-bs{}".format(*s))
 def test_prefill_chunks_after_a_cached_prefix_match_the_reference(dtype, shape):
     heads, kv_heads, d, bs = shape
     # fresh prompts, chunks after whole cached blocks and after a partial block, long chunks

@@ -167,13 +167,13 @@ void attend_dot(const Item& it, const Shapes& sh, const View<bf16>& v, Scratch& 
   const int64_t head_off = it.kv_head * sh.cache_head_stride;
   const int64_t block_bytes = static_cast<int64_t>(bs) * d * sizeof(bf16);
   float* s = w.s.data();
-  for (int64_t key0 = 0; key0 < geo.nkeys; key0 += chunk) {
-    const int nvalid = static_cast<int>(std::min<int64_t>(chunk, geo.nkeys - key0));
+  for (int64_t key0 = geo.key_begin; key0 < geo.key_end; key0 += chunk) {
+    const int nvalid = static_cast<int>(std::min<int64_t>(chunk, geo.key_end - key0));
     for (int j = 0; j < nvalid; j += bs) {
       const int64_t kb = (key0 + j) / bs;
       const int n = std::min(bs, nvalid - j), n8 = (n + VL - 1) / VL * VL;
       const int64_t off = geo.table[kb] * sh.cache_block_stride + head_off;
-      if ((kb + 1) * bs < geo.nkeys) {
+      if ((kb + 1) * bs < geo.key_end) {
         const int64_t next = geo.table[kb + 1] * sh.cache_block_stride + head_off;
         prefetch_block(v.kc + next, block_bytes);
         prefetch_block(v.vc + next, block_bytes);
@@ -193,11 +193,7 @@ void attend_dot(const Item& it, const Shapes& sh, const View<bf16>& v, Scratch& 
     pv_packed_rows<4>(w.pp.data(), 1, ps, w.vp.data(), d, rows, npairs, w.alpha.data(),
                       w.o.data());
   }
-  for (int r = 0; r < rows; ++r) {
-    const float inv = 1.f / w.l[r];
-    bf16* dst = geo.out_row(v, it, sh, r);
-    for (int i = 0; i < d; ++i) dst[i] = static_cast<bf16>(w.o[r * d + i] * inv);
-  }
+  finish_rows(it, sh, v, geo, w);
 }
 
 void attend_packed(const Item& it, const Shapes& sh, const View<bf16>& v, Scratch& w) {

@@ -116,6 +116,10 @@ inline void prefetch_block(const void* p, int64_t bytes) {
 struct Item {
   int32_t seq, kv_head, tile_start, tile_len;
   int64_t cost;  // rows x keys: the order items are handed out in
+  // a part of a split decode (split.h): keys [key_begin, key_end) only, the unnormalised
+  // result left in partial slot `part` for the merge; part -1: the whole context, normalised
+  int64_t key_begin = 0, key_end = std::numeric_limits<int64_t>::max();
+  int32_t part = -1;
 };
 
 struct Shapes {
@@ -151,18 +155,23 @@ struct View {
   T* out;
   const int32_t *qsl, *lens, *tables;
   float scale;
+  float* part_o = nullptr;   // split decodes: [part][group][d] unnormalised outputs
+  float* part_ml = nullptr;  // and [part][group][2] running max and sum of each row
 };
 
 template <typename T>
 struct Geometry {  // one item's rows and keys
   int rows;
   int64_t first_tok, first_pos, nkeys;
+  int64_t key_begin, key_end;  // the keys this item walks: [0, nkeys) unless split
   const int32_t* table;
   Geometry(const Item& it, const Shapes& sh, const View<T>& v)
       : rows(it.tile_len * static_cast<int>(sh.group)),
         first_tok(v.qsl[it.seq] + it.tile_start),
         first_pos(v.lens[it.seq] - (v.qsl[it.seq + 1] - v.qsl[it.seq]) + it.tile_start),
         nkeys(first_pos + it.tile_len),
+        key_begin(it.key_begin),
+        key_end(std::min(nkeys, it.key_end)),
         table(v.tables + static_cast<int64_t>(it.seq) * sh.table_width) {}
   const T* q_row(const View<T>& v, const Item& it, const Shapes& sh, int r) const {
     return v.query + (first_tok + r / sh.group) * sh.q_tok_stride +
@@ -173,6 +182,29 @@ struct Geometry {  // one item's rows and keys
            (it.kv_head * sh.group + r % sh.group) * sh.d;
   }
 };
+
+// The end of an item: each row's accumulator divided by its sum into the output, or, for a
+// part of a split decode, accumulator, max and sum into its partial slot.
+template <typename T>
+void finish_rows(const Item& it, const Shapes& sh, const View<T>& v, const Geometry<T>& geo,
+                 const Scratch& w) {
+  const int64_t d = sh.d;
+  if (it.part >= 0) {
+    float* o = v.part_o + static_cast<int64_t>(it.part) * sh.group * d;
+    float* ml = v.part_ml + static_cast<int64_t>(it.part) * sh.group * 2;
+    std::memcpy(o, w.o.data(), sizeof(float) * geo.rows * d);
+    for (int r = 0; r < geo.rows; ++r) {
+      ml[2 * r] = w.m[r];
+      ml[2 * r + 1] = w.l[r];
+    }
+    return;
+  }
+  for (int r = 0; r < geo.rows; ++r) {
+    const float inv = 1.f / w.l[r];
+    T* dst = geo.out_row(v, it, sh, r);
+    for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(w.o[r * d + i] * inv);
+  }
+}
 
 // Online-softmax update of row-major scores s [rows][lds] for keys key0.. (nvalid valid):
 

@@ -27,7 +27,11 @@
 // P.V in both bf16 paths takes pairs of keys per instruction (V interleaved per pair, P
 // rounded to bfloat16, as flash attention does on GPUs). The next pool block is prefetched.
 //
-// Files: common.h (vectors, work items, scratch), rows_path.h, columns_path.h, bf16_paths.h;
+// A step with too few items for the threads (one long decode) splits its decodes' contexts
+// into parts merged by log-sum-exp afterwards (split.h).
+//
+// Files: common.h (vectors, work items, scratch), rows_path.h, columns_path.h, bf16_paths.h,
+// split.h;
 // this file splits the work, dispatches each item to its path and registers the ops (also
 // silu_and_mul from activations.h: the MLP activation, so the backend needs no other library).
 
@@ -38,6 +42,7 @@
 #include "columns_path.h"
 #include "common.h"
 #include "rows_path.h"
+#include "split.h"
 
 namespace hermes_native {
 namespace {
@@ -174,19 +179,25 @@ void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& 
     }
   }
   if (items.empty()) return;
+  const std::vector<SplitGroup> splits = split_decodes(items, sh, at::get_num_threads());
+  int64_t parts = 0;
+  for (const SplitGroup& g : splits) parts += g.n;
+  std::vector<float> part_o(parts * group * d), part_ml(parts * group * 2);
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.cost > b.cost; });
   const auto fscale = static_cast<float>(scale);
   if (query.scalar_type() == at::kFloat) {
     View<float> v{query.data_ptr<float>(), key_cache.data_ptr<float>(),
                   value_cache.data_ptr<float>(), out.data_ptr<float>(), qsl, lens,
-                  block_table.data_ptr<int32_t>(), fscale};
+                  block_table.data_ptr<int32_t>(), fscale, part_o.data(), part_ml.data()};
     run_items<float>(items, sh, max_rows, v);
+    if (!splits.empty()) merge_splits<float>(splits, sh, v);
   } else {
     View<bf16> v{query.data_ptr<bf16>(), key_cache.data_ptr<bf16>(),
                  value_cache.data_ptr<bf16>(), out.data_ptr<bf16>(), qsl, lens,
-                 block_table.data_ptr<int32_t>(), fscale};
+                 block_table.data_ptr<int32_t>(), fscale, part_o.data(), part_ml.data()};
     run_items<bf16>(items, sh, max_rows, v);
+    if (!splits.empty()) merge_splits<bf16>(splits, sh, v);
   }
 }
 

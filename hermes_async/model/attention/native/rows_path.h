@@ -161,13 +161,13 @@ void attend_rows(const Item& it, const Shapes& sh, const View<T>& v, Scratch& w)
   const bool widened = !std::is_same_v<T, float> && rows > DIRECT_ROWS;
   const int chunk = static_cast<int>(sh.rows_chunk);
   float* s = w.s.data();
-  for (int64_t key0 = 0; key0 < geo.nkeys; key0 += chunk) {
-    const int nvalid = static_cast<int>(std::min<int64_t>(chunk, geo.nkeys - key0));
+  for (int64_t key0 = geo.key_begin; key0 < geo.key_end; key0 += chunk) {
+    const int nvalid = static_cast<int>(std::min<int64_t>(chunk, geo.key_end - key0));
     for (int j = 0; j < nvalid; j += bs) {  // scores, one pool block at a time
       const int64_t kb = (key0 + j) / bs;
       const int n8 = (std::min(bs, nvalid - j) + VL - 1) / VL * VL;  // whole rows of the block
       const T* kp = v.kc + geo.table[kb] * sh.cache_block_stride + head_off;
-      if ((kb + 1) * bs < geo.nkeys) {
+      if ((kb + 1) * bs < geo.key_end) {
         const int64_t next = geo.table[kb + 1] * sh.cache_block_stride + head_off;
         prefetch_block(v.kc + next, block_bytes);
         prefetch_block(v.vc + next, block_bytes);
@@ -192,11 +192,7 @@ void attend_rows(const Item& it, const Shapes& sh, const View<T>& v, Scratch& w)
       }
     }
   }
-  for (int r = 0; r < rows; ++r) {
-    const float inv = 1.f / w.l[r];
-    T* dst = geo.out_row(v, it, sh, r);
-    for (int i = 0; i < d; ++i) dst[i] = static_cast<T>(w.o[r * d + i] * inv);
-  }
+  finish_rows(it, sh, v, geo, w);
 }
 
 }  // namespace hermes_native

@@ -51,14 +51,14 @@ def test_refuses_bad_inputs():
 
 def test_the_native_backend_layer_ops_use_it(tiny_models):
     """With or without vLLM's library, the backend's layer ops run our activation."""
-    from hermes_async.model.attention.native_cpu import NativeActivation, NativeCpuBackend
+    from hermes_async.model.attention.native_cpu import NativeCpuBackend, NativeOps
     from hermes_async.model.spec import read_spec
 
     spec = read_spec(tiny_models("llama", KERNEL_HEAD_DIM))
     backend = NativeCpuBackend(32, spec.num_heads, spec.num_kv_heads, spec.head_dim,
                                torch.float32, [None])
     ops = backend.layer_ops(spec, torch.float32, [])
-    assert isinstance(ops, NativeActivation) and ops.name.startswith("native-cpu+")
+    assert isinstance(ops, NativeOps) and ops.name.startswith("native-cpu+")
     gate_up = torch.randn(3, 2 * 24)
     assert torch.allclose(ops.silu_mul(gate_up).double(), reference(gate_up), rtol=1e-6,
                           atol=1e-7)

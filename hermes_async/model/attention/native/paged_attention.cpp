@@ -33,13 +33,15 @@
 // Files: common.h (vectors, work items, scratch), rows_path.h, columns_path.h, bf16_paths.h,
 // split.h;
 // this file splits the work, dispatches each item to its path and registers the ops (also
-// silu_and_mul from activations.h: the MLP activation, so the backend needs no other library).
+// silu_and_mul from activations.h: the MLP activation, so the backend needs no other library;
+// gemv_packed from gemv.h: the linears of decode steps with a few rows).
 
 #include <torch/library.h>
 
 #include "activations.h"
 #include "bf16_paths.h"
 #include "columns_path.h"
+#include "gemv.h"
 #include "common.h"
 #include "rows_path.h"
 #include "split.h"
@@ -240,6 +242,8 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor key_cac
 
 using hermes_native::paged_attention;
 using hermes_native::silu_and_mul;
+
+bool gemv_supported_op() { return hermes_native::gemv_supported(); }
 using hermes_native::write_kv;
 
 TORCH_LIBRARY(hermes_native, m) {
@@ -248,10 +252,14 @@ TORCH_LIBRARY(hermes_native, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
         "Tensor query_start_loc, Tensor seq_lens, Tensor block_table, float scale) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
+  m.def("gemv_supported() -> bool", &gemv_supported_op);
+  m.def("pack_for_gemv(Tensor weight) -> Tensor", &hermes_native::pack_for_gemv);
+  m.def("gemv_packed(Tensor(a!) out, Tensor x, Tensor packed) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
   m.impl("write_kv", &write_kv);
   m.impl("paged_attention", &paged_attention);
   m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("gemv_packed", &hermes_native::gemv_packed);
 }

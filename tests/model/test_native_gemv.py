@@ -1,0 +1,108 @@
+"""Our small-batch GEMV (``hermes_native::gemv_packed``): the op against float64, its
+refusals, and the native backend's layer ops and runner using it for decode steps of up to
+4 rows (bfloat16, AVX512-BF16 CPUs; skipped elsewhere, where nothing is packed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.model.conftest import KERNEL_HEAD_DIM, native_unavailable
+
+
+def _supported() -> bool:
+    if native_unavailable() is not None:
+        return False
+    from hermes_async.model.attention import native
+
+    native.load()
+    return bool(torch.ops.hermes_native.gemv_supported())
+
+
+pytestmark = pytest.mark.skipif(not _supported(), reason="no AVX512-BF16 GEMV on this CPU")
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    ops = torch.ops.hermes_native
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.bfloat16)
+    ops.gemv_packed(out, x, ops.pack_for_gemv(weight))
+    return out
+
+
+@pytest.mark.parametrize("n, k", [(16, 2), (48, 64), (960, 576), (576, 1536), (4096, 96)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_matches_x_times_weight_transposed(n, k, rows):
+    """Every output within its bfloat16 rounding plus float32 accumulation (blocks of 16
+    outputs, groups of four blocks and the remainder all covered by these shapes)."""
+    gen = torch.Generator().manual_seed(n * 7 + k + rows)
+    weight = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    exact = x.double() @ weight.double().T
+    ours = gemv(x, weight).double()
+    assert ((ours - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4 * k ** 0.5).all()
+
+
+def test_refuses_what_it_cannot_compute():
+    ops = torch.ops.hermes_native
+    w = torch.zeros(32, 8, dtype=torch.bfloat16)
+    packed = ops.pack_for_gemv(w)
+    with pytest.raises(RuntimeError, match="1 to 4 rows"):
+        ops.gemv_packed(torch.empty(5, 32, dtype=torch.bfloat16),
+                        torch.zeros(5, 8, dtype=torch.bfloat16), packed)
+    with pytest.raises(RuntimeError, match="columns"):
+        ops.gemv_packed(torch.empty(1, 32, dtype=torch.bfloat16),
+                        torch.zeros(1, 10, dtype=torch.bfloat16), packed)
+    with pytest.raises(RuntimeError, match="N % 16"):
+        ops.pack_for_gemv(torch.zeros(24, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ops.pack_for_gemv(torch.zeros(32, 8))
+
+
+def test_layer_ops_take_it_for_few_bf16_rows_only(tiny_models):
+    from hermes_async.model.attention.native_cpu import NativeTorchLayerOps
+    from hermes_async.model.spec import read_spec
+
+    spec = read_spec(tiny_models("llama", KERNEL_HEAD_DIM))
+    weight = torch.randn(64, 32).to(torch.bfloat16)
+    ops = NativeTorchLayerOps(spec, torch.bfloat16, [weight])
+    assert weight.data_ptr() in ops._gemv
+    from torch.profiler import ProfilerActivity, profile
+
+    for rows, uses_gemv in ((1, True), (4, True), (5, False), (32, False)):
+        x = torch.randn(rows, 32).to(torch.bfloat16)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = ops.linear(x, weight)
+        names = {e.key for e in prof.key_averages()}
+        assert ("hermes_native::gemv_packed" in names) == uses_gemv, rows
+        ref = F.linear(x.float(), weight.float())
+        assert (out.float() - ref).abs().max() <= 0.01 * ref.abs().max()
+    assert NativeTorchLayerOps(spec, torch.float32, [weight.float()])._gemv == {}
+
+
+def test_runner_decodes_through_it_as_through_the_matmul(tiny_models):
+    """A bf16 decode step of 3 sequences on the native backend: the same logits (to bf16
+    rounding) with the GEMV as with it switched off."""
+    from hermes_async.config import CacheConfig, ModelConfig
+    from hermes_async.model.runner import ModelRunner
+    from hermes_async.step import SequenceStep
+
+    path = tiny_models("llama", KERNEL_HEAD_DIM)
+    runner = ModelRunner(path, ModelConfig(dtype="bfloat16", attention_backend="native-cpu"),
+                         CacheConfig(kv_cache_bytes=8 << 20))
+    ops = runner.model.ops
+    assert ops._gemv, "the tiny model's weights are packed"
+    bs = runner.block_size
+    prompts = [tuple(range(5, 5 + n)) for n in (9, 26, 40)]
+    tables = [tuple(range(i * 4, i * 4 + 4)) for i in range(3)]
+    for t, p in zip(tables, prompts, strict=True):
+        runner.forward([SequenceStep(t, 0, p)])
+    step = [SequenceStep(t, len(p), (7,)) for t, p in zip(tables, prompts, strict=True)]
+    assert all(len(p) + 1 <= 4 * bs for p in prompts)
+    with_gemv = runner.forward(step)
+    packed, ops._gemv = ops._gemv, {}
+    try:
+        without = runner.forward(step)
+    finally:
+        ops._gemv = packed
+    assert (with_gemv - without).abs().max() <= 0.02 * without.abs().max()

@@ -1,6 +1,6 @@
 """Our small-batch GEMV (``hermes_native::gemv_packed``): the op against float64, its
 refusals, and the native backend's layer ops and runner using it for decode steps of up to
-4 rows (bfloat16, AVX512-BF16 CPUs; skipped elsewhere, where nothing is packed)."""
+8 rows (bfloat16, AVX512-BF16 CPUs; skipped elsewhere, where nothing is packed)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("n, k", [(16, 2), (48, 64), (960, 576), (576, 1536), (4096, 96)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
 def test_matches_x_times_weight_transposed(n, k, rows):
     """Every output within its bfloat16 rounding plus float32 accumulation (blocks of 16
     outputs, groups of four blocks and the remainder all covered by these shapes)."""
@@ -47,9 +47,9 @@ def test_refuses_what_it_cannot_compute():
     ops = torch.ops.hermes_native
     w = torch.zeros(32, 8, dtype=torch.bfloat16)
     packed = ops.pack_for_gemv(w)
-    with pytest.raises(RuntimeError, match="1 to 4 rows"):
-        ops.gemv_packed(torch.empty(5, 32, dtype=torch.bfloat16),
-                        torch.zeros(5, 8, dtype=torch.bfloat16), packed)
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        ops.gemv_packed(torch.empty(9, 32, dtype=torch.bfloat16),
+                        torch.zeros(9, 8, dtype=torch.bfloat16), packed)
     with pytest.raises(RuntimeError, match="columns"):
         ops.gemv_packed(torch.empty(1, 32, dtype=torch.bfloat16),
                         torch.zeros(1, 10, dtype=torch.bfloat16), packed)
@@ -69,7 +69,7 @@ def test_layer_ops_take_it_for_few_bf16_rows_only(tiny_models):
     assert weight.data_ptr() in ops._gemv
     from torch.profiler import ProfilerActivity, profile
 
-    for rows, uses_gemv in ((1, True), (4, True), (5, False), (32, False)):
+    for rows, uses_gemv in ((1, True), (8, True), (9, False), (32, False)):
         x = torch.randn(rows, 32).to(torch.bfloat16)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             out = ops.linear(x, weight)

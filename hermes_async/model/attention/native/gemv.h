@@ -1,11 +1,11 @@
-// gemv_packed: the linears of a decode step with a few rows (M <= 4), bfloat16, AVX512-BF16.
+// gemv_packed: the linears of a decode step with a few rows (M <= 8), bfloat16, AVX512-BF16.
 //
 // At one row a linear streams its whole weight for 2 FLOP per element: it is bound by memory,
 // and oneDNN's blocked matmul moved ~21 GB/s here, about half of what two cores can read. This
 // kernel reads the weight once, front to back: it is packed at start-up as pairs along K in
 // blocks of 16 outputs, [N / 16][K / 2][16] pairs (64 bytes per pair row), so one vdpbf16ps
 // takes 16 outputs x 2 k of the weight against x[k], x[k + 1] broadcast: no horizontal sums.
-// Four blocks (64 outputs) share each broadcast; threads split the blocks.
+// Four blocks (64 outputs; two from 5 rows on) share each broadcast; threads split the blocks.
 //   pack_for_gemv(weight [N, K]) -> packed [N / 16, K / 2, 16] int32
 //   gemv_packed(out [M, N], x [M, K], packed): out = x @ weight^T, float32 accumulation.
 #pragma once
@@ -14,7 +14,7 @@
 
 namespace hermes_native {
 
-constexpr int64_t GEMV_MAX_ROWS = 4;
+constexpr int64_t GEMV_MAX_ROWS = 8;
 
 inline bool gemv_supported() {
 #if defined(HERMES_PACKED)
@@ -63,8 +63,9 @@ inline void gemv_blocks(const uint32_t* x, int64_t k2, const uint32_t* w, int64_
 template <int M>
 void gemv_rows(const uint32_t* x, int64_t k2, const uint32_t* w, int64_t begin, int64_t end,
                bf16* out, int64_t n) {
+  constexpr int J = M <= 4 ? 4 : 2;  // M x J accumulators stay in the 32 registers
   int64_t nb = begin;
-  for (; nb + 4 <= end; nb += 4) gemv_blocks<M, 4>(x, k2, w, nb, out, n);
+  for (; nb + J <= end; nb += J) gemv_blocks<M, J>(x, k2, w, nb, out, n);
   for (; nb < end; ++nb) gemv_blocks<M, 1>(x, k2, w, nb, out, n);
 }
 #endif
@@ -95,7 +96,11 @@ inline void gemv_packed(at::Tensor out, const at::Tensor& x, const at::Tensor& p
       case 1: gemv_rows<1>(xp, k2, wp, b0, b1, op, n); break;
       case 2: gemv_rows<2>(xp, k2, wp, b0, b1, op, n); break;
       case 3: gemv_rows<3>(xp, k2, wp, b0, b1, op, n); break;
-      default: gemv_rows<4>(xp, k2, wp, b0, b1, op, n); break;
+      case 4: gemv_rows<4>(xp, k2, wp, b0, b1, op, n); break;
+      case 5: gemv_rows<5>(xp, k2, wp, b0, b1, op, n); break;
+      case 6: gemv_rows<6>(xp, k2, wp, b0, b1, op, n); break;
+      case 7: gemv_rows<7>(xp, k2, wp, b0, b1, op, n); break;
+      default: gemv_rows<8>(xp, k2, wp, b0, b1, op, n); break;
     }
   });
 #endif

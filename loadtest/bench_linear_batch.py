@@ -3,9 +3,10 @@ under a decode step's time on a CPU (issue 14's "short prompts at 32" profile).
 
 One pass multiplies ``M`` rows by every weight matrix of SmolLM2-135M (30 layers of qkv, o,
 gate-up and down as the engine fuses them, or ``--unfused`` q, k, v, o, gate, up, down; plus
-the LM head) in the given dtype, with ``torch.nn.functional.linear`` (``--ops torch``) or
-with what the engine's CPU backends run (``--ops onednn``: vLLM's oneDNN matmuls over weights
-prepacked once, :class:`hermes_async.model.layer_ops.OneDnnLinear`). Prints ms per pass, the
+the LM head) in the given dtype, with ``torch.nn.functional.linear`` (``--ops torch``), with
+what the engine's CPU backends run (``--ops onednn``: vLLM's oneDNN matmuls over weights
+prepacked once, :class:`hermes_async.model.layer_ops.OneDnnLinear`) or with our GEMV for up to
+8 rows (``--ops gemv``: ``hermes_native::gemv_packed``). Prints ms per pass, the
 weight bytes streamed per second and GFLOP/s per ``M``: where the time stays flat as ``M``
 grows the step is bound by reading the weights from memory, where it grows with ``M`` by the
 matmuls themselves.
@@ -46,8 +47,24 @@ def one_pass(inputs: dict[int, torch.Tensor], weights: list[torch.Tensor],
             linears[i](inputs[w.shape[1]], None)
 
 
-def prepacked(weights: list[torch.Tensor]) -> list:
-    """Each weight prepacked for vLLM's oneDNN matmul, as the engine's CPU backends do."""
+def prepacked(weights: list[torch.Tensor], kind: str) -> list:
+    """Each weight prepacked for vLLM's oneDNN matmul (``onednn``, as the engine's CPU
+    backends run more than 8 rows) or for our GEMV (``gemv``, bf16 decode steps of up to 8
+    rows on the native-cpu backend)."""
+    if kind == "gemv":
+        from hermes_async.model.attention import native
+
+        native.load()
+        ops = torch.ops.hermes_native
+
+        def gemv(packed: torch.Tensor, n: int):
+            def call(x: torch.Tensor, bias: None) -> torch.Tensor:
+                out = torch.empty(x.shape[0], n, dtype=x.dtype)
+                ops.gemv_packed(out, x, packed)
+                return out
+            return call
+
+        return [gemv(ops.pack_for_gemv(w), w.shape[0]) for w in weights]
     from hermes_async.model.attention.vllm_cpu import load_ops
     from hermes_async.model.layer_ops import OneDnnLinear
 
@@ -61,7 +78,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--batches", default="1,8,16,32,64,128")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--ops", default="torch", choices=["torch", "onednn"])
+    parser.add_argument("--ops", default="torch", choices=["torch", "onednn", "gemv"])
     parser.add_argument("--unfused", action="store_true")
     parser.add_argument("--per-shape", type=int, default=0, metavar="M",
                         help="also time each distinct weight shape alone at M rows")
@@ -69,12 +86,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     weights = [torch.randn(o, i, dtype=dtype) for o, i in weight_shapes(not args.unfused)]
-    linears = prepacked(weights) if args.ops == "onednn" else None
+    linears = prepacked(weights, args.ops) if args.ops != "torch" else None
     numel = sum(w.numel() for w in weights)
     print(f"{len(weights)} matrices, {numel * weights[0].element_size() / 1e6:.0f} MB of "
           f"{args.dtype} weights, {args.threads} threads, {args.ops}")
     print("| M | ms per pass | weights GB/s | GFLOP/s |\n|---:|---:|---:|---:|")
     for m in (int(b) for b in args.batches.split(",")):
+        if args.ops == "gemv" and m > 8:
+            print(f"| {m} | n/a (the GEMV takes up to 8 rows) | | |")
+            continue
         inputs = {n: torch.randn(m, n, dtype=dtype) for n in (HIDDEN, INTERMEDIATE)}
         for _ in range(2):
             one_pass(inputs, weights, linears)

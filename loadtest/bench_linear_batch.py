@@ -11,12 +11,13 @@ weight bytes streamed per second and GFLOP/s per ``M``: where the time stays fla
 grows the step is bound by reading the weights from memory, where it grows with ``M`` by the
 matmuls themselves.
 
-    .venv/bin/python loadtest/bench_linear_batch.py --threads 2 --dtype bfloat16 --ops onednn
+    .venv/bin/python loadtest/bench_linear_batch.py --threads 2 --dtype bfloat16 --ops onednn,gemv
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -78,35 +79,51 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--batches", default="1,8,16,32,64,128")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--ops", default="torch", choices=["torch", "onednn", "gemv"])
+    parser.add_argument("--ops", default="torch",
+                        help="torch, onednn or gemv; several (comma-separated) take turns "
+                        "pass by pass, one column each")
     parser.add_argument("--unfused", action="store_true")
     parser.add_argument("--per-shape", type=int, default=0, metavar="M",
-                        help="also time each distinct weight shape alone at M rows")
+                        help="also time each distinct weight shape alone at M rows (the "
+                        "first --ops)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
+    kinds = [k.strip() for k in args.ops.split(",") if k.strip()]
+    unknown = set(kinds) - {"torch", "onednn", "gemv"}
+    if unknown:
+        parser.error(f"unknown --ops {sorted(unknown)}")
     weights = [torch.randn(o, i, dtype=dtype) for o, i in weight_shapes(not args.unfused)]
-    linears = prepacked(weights, args.ops) if args.ops != "torch" else None
+    linears = {k: prepacked(weights, k) if k != "torch" else None for k in kinds}
     numel = sum(w.numel() for w in weights)
-    print(f"{len(weights)} matrices, {numel * weights[0].element_size() / 1e6:.0f} MB of "
-          f"{args.dtype} weights, {args.threads} threads, {args.ops}")
-    print("| M | ms per pass | weights GB/s | GFLOP/s |\n|---:|---:|---:|---:|")
+    nbytes = numel * weights[0].element_size()
+    print(f"{len(weights)} matrices, {nbytes / 1e6:.0f} MB of {args.dtype} weights, "
+          f"{args.threads} threads; ms per pass (median of {args.repeats}, weights GB/s, "
+          f"GFLOP/s)\n")
+    print("| M | " + " | ".join(kinds) + " |\n|---:|" + "---:|" * len(kinds))
     for m in (int(b) for b in args.batches.split(",")):
-        if args.ops == "gemv" and m > 8:
-            print(f"| {m} | n/a (the GEMV takes up to 8 rows) | | |")
-            continue
         inputs = {n: torch.randn(m, n, dtype=dtype) for n in (HIDDEN, INTERMEDIATE)}
-        for _ in range(2):
-            one_pass(inputs, weights, linears)
-        start = time.perf_counter()
+        runnable = [k for k in kinds if k != "gemv" or m <= 8]
+        samples: dict[str, list[float]] = {k: [] for k in runnable}
+        for k in runnable:
+            for _ in range(2):
+                one_pass(inputs, weights, linears[k])
         for _ in range(args.repeats):
-            one_pass(inputs, weights, linears)
-        seconds = (time.perf_counter() - start) / args.repeats
-        print(f"| {m} | {seconds * 1e3:.1f} | "
-              f"{numel * weights[0].element_size() / seconds / 1e9:.1f} | "
-              f"{2 * m * numel / seconds / 1e9:.0f} |")
+            for k in runnable:
+                start = time.perf_counter()
+                one_pass(inputs, weights, linears[k])
+                samples[k].append(time.perf_counter() - start)
+        cells = []
+        for k in kinds:
+            if k not in samples:
+                cells.append("n/a (up to 8 rows)")
+                continue
+            sec = statistics.median(samples[k])
+            cells.append(f"{sec * 1e3:.1f} ({nbytes / sec / 1e9:.1f} GB/s, "
+                         f"{2 * m * numel / sec / 1e9:.0f})")
+        print(f"| {m} | " + " | ".join(cells) + " |")
     if args.per_shape:
-        per_shape(weights, linears, args.per_shape, args.repeats)
+        per_shape(weights, linears[kinds[0]], args.per_shape, args.repeats)
 
 
 def per_shape(weights: list[torch.Tensor], linears: list | None, m: int,

@@ -275,8 +275,9 @@ def test_429_with_retry_after_when_every_queue_is_full(cluster: Client) -> None:
 
     def one(i: int) -> tuple[int, str | None]:
         status, headers, _ = cluster.request(
-            "POST", "/v1/completions", {"prompt": f"{i} {long_prompt}", "max_tokens": 30},
-            key="sk-t11")
+            "POST", "/v1/completions", {"prompt": f"{i} {long_prompt}", "max_tokens": 120},
+            key="sk-t11")  # 120 steps of 20 ms: every request is still in flight when the
+    # last one arrives, even on a loaded machine (at 30 tokens one CI run saw no 429)
         return status, headers.get("retry-after")
 
     with concurrent.futures.ThreadPoolExecutor(64) as pool:  # > 2 x max_waiting at once

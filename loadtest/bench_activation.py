@@ -21,19 +21,13 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from timing import median_seconds
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e3
+    return median_seconds(fn, repeat, warmup=3) * 1e3
 
 
 def op_table(dtype: torch.dtype, repeat: int) -> None:

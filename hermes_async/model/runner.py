@@ -119,8 +119,6 @@ class ModelRunner:
             inverse[original] = packed_idx
         if self.graphs is not None and self.graphs.can_run(packed):  # replay a decode graph
             logits = self.graphs.run(packed, input_ids, positions, slots)  # packed order
-            if inverse == list(range(len(order))):
-                return logits
             return logits[torch.tensor(inverse, dtype=torch.long, device=dev)]
         plan = self.attention.plan(packed, slots.to(dev), ordering)
         # the LM head reads each step's last token in step order: no gather of the logits

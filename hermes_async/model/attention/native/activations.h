@@ -7,7 +7,6 @@
 // row runs in 16-float vectors (AVX-512; 8 elsewhere).
 #pragma once
 
-#include "columns_path.h"
 #include "common.h"
 
 namespace hermes_native {

@@ -7,17 +7,6 @@ namespace hermes_native {
 
 #if defined(__AVX512F__)
 
-typedef float vf16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-
-inline vf16 load16(const float* p) {
-  vf16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
-
 // Online-softmax update down the columns of st [nvalid][rp] (16 rows per vector).
 void softmax_columns(float* st, int rp, int g, int rows, int64_t first_pos, int64_t key0,
                      int nvalid, Scratch& w) {

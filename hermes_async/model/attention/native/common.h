@@ -72,6 +72,19 @@ inline vf load(const bf16* p) {  // 8 bfloat16 widened: the upper half of a floa
 
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 
+#if defined(__AVX512F__)
+typedef float vf16 __attribute__((vector_size(64)));  // 16 floats: the AVX-512 paths
+typedef int32_t vi16 __attribute__((vector_size(64)));
+
+inline vf16 load16(const float* p) {
+  vf16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
+#endif
+
 inline float hmax(vf v) {
   float m = v[0];
   for (int i = 1; i < VL; ++i) m = std::max(m, v[i]);

@@ -31,10 +31,9 @@
 // into parts merged by log-sum-exp afterwards (split.h).
 //
 // Files: common.h (vectors, work items, scratch), rows_path.h, columns_path.h, bf16_paths.h,
-// split.h;
-// this file splits the work, dispatches each item to its path and registers the ops (also
-// silu_and_mul from activations.h: the MLP activation, so the backend needs no other library;
-// gemv_packed from gemv.h: the linears of decode steps with a few rows).
+// split.h; this file splits the work, dispatches each item to its path and registers the ops,
+// with two that are not attention: silu_and_mul (activations.h, the MLP activation) and
+// pack_for_gemv / gemv_packed (gemv.h, the linears of decode steps with a few rows).
 
 #include <torch/library.h>
 
@@ -181,7 +180,7 @@ void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& 
     }
   }
   if (items.empty()) return;
-  const std::vector<SplitGroup> splits = split_decodes(items, sh, at::get_num_threads());
+  const std::vector<SplitGroup> splits = split_decodes(items, sh, lens, at::get_num_threads());
   int64_t parts = 0;
   for (const SplitGroup& g : splits) parts += g.n;
   std::vector<float> part_o(parts * group * d), part_ml(parts * group * 2);
@@ -240,10 +239,11 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor key_cac
 }  // namespace
 }  // namespace hermes_native
 
+using hermes_native::gemv_packed;
+using hermes_native::gemv_supported;
+using hermes_native::pack_for_gemv;
 using hermes_native::paged_attention;
 using hermes_native::silu_and_mul;
-
-bool gemv_supported_op() { return hermes_native::gemv_supported(); }
 using hermes_native::write_kv;
 
 TORCH_LIBRARY(hermes_native, m) {
@@ -252,8 +252,8 @@ TORCH_LIBRARY(hermes_native, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
         "Tensor query_start_loc, Tensor seq_lens, Tensor block_table, float scale) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
-  m.def("gemv_supported() -> bool", &gemv_supported_op);
-  m.def("pack_for_gemv(Tensor weight) -> Tensor", &hermes_native::pack_for_gemv);
+  m.def("gemv_supported() -> bool", &gemv_supported);
+  m.def("pack_for_gemv(Tensor weight) -> Tensor", &pack_for_gemv);
   m.def("gemv_packed(Tensor(a!) out, Tensor x, Tensor packed) -> ()");
 }
 
@@ -261,5 +261,5 @@ TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
   m.impl("write_kv", &write_kv);
   m.impl("paged_attention", &paged_attention);
   m.impl("silu_and_mul", &silu_and_mul);
-  m.impl("gemv_packed", &hermes_native::gemv_packed);
+  m.impl("gemv_packed", &gemv_packed);
 }

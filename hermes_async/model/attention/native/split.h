@@ -19,7 +19,7 @@ struct SplitGroup {  // the parts of one (sequence, kv head): partial slots [fir
 // Replace long decode items (one new token, a group of at most DIRECT_ROWS query rows: the
 // rows and dot paths) by parts of whole key chunks; returns the groups to merge.
 inline std::vector<SplitGroup> split_decodes(std::vector<Item>& items, const Shapes& sh,
-                                             int64_t threads) {
+                                             const int32_t* lens, int64_t threads) {
   std::vector<SplitGroup> groups;
   const int64_t want = ITEMS_PER_THREAD * threads;
   const int64_t n_items = static_cast<int64_t>(items.size());
@@ -28,11 +28,11 @@ inline std::vector<SplitGroup> split_decodes(std::vector<Item>& items, const Sha
   std::vector<Item> out;
   int32_t slot = 0;
   for (const Item& it : items) {
-    const int64_t keys = it.cost / (it.tile_len * sh.group);  // context of a decode
+    const int64_t keys = lens[it.seq];  // a one-token item attends to the whole context
     int64_t part_keys = (keys + per_item - 1) / per_item;
     part_keys = std::max(MIN_PART_KEYS, (part_keys + sh.rows_chunk - 1) / sh.rows_chunk *
                                             sh.rows_chunk);
-    if (it.tile_len != 1 || part_keys >= keys) {
+    if (it.tile_len != 1 || it.tile_start != 0 || part_keys >= keys) {
       out.push_back(it);
       continue;
     }

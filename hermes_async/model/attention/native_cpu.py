@@ -67,7 +67,7 @@ class NativeOps:
     inside, rounded once to the input's dtype) and, for bfloat16 decode steps of at most
     ``GEMV_MAX_ROWS`` rows on AVX512-BF16 CPUs, our streaming GEMV over a second, packed copy
     of each weight (``hermes_native::gemv_packed``: 1.5x oneDNN's matmul at one row here,
-    1.1x at 8; BENCHMARKS.md); more rows, biases and other dtypes take the base class's
+    1.2x at 8; BENCHMARKS.md); more rows, biases and other dtypes take the base class's
     linear."""
 
     _gemv: dict[int, torch.Tensor]

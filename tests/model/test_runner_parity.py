@@ -12,7 +12,7 @@ from hermes_async.step import SequenceStep
 from tests.model.conftest import (
     KERNEL_HEAD_DIM,
     BlockAllocator,
-    fast_backends,
+    fast_code_paths,
     make_runner,
     parity_tolerance,
 )
@@ -155,7 +155,7 @@ def test_bad_steps_raise_clear_errors(tiny_dir, bad):
         runner.forward([steps[bad]])
 
 
-@pytest.mark.parametrize("backend", ["torch", *fast_backends()])
+@pytest.mark.parametrize("backend", ["torch", *fast_code_paths("bfloat16")])
 def test_bfloat16_decode_path_agrees_with_prefill(tiny_models, backend):
     """bfloat16 on the CPU decodes through the matmul path (torch) or the kernels; it must
     agree with a prefill."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -36,6 +37,7 @@ from hermes_async.model.cpu_features import CpuFeatures
 from hermes_async.model.kernels.admission import DEFAULT_TIMEOUT_S, admit
 from hermes_async.model.kernels.paths import KernelPath, Verdict, resolve
 from hermes_async.model.kernels.shapes import ProbeShapes
+from hermes_async.model.kernels.store import VerdictStore
 from hermes_async.model.spec import ModelSpec
 
 log = logging.getLogger("hermes_async.model")
@@ -55,10 +57,12 @@ __all__ = ["BACKENDS", "AttentionBackend", "AttentionPlan", "BackendChoice", "Ba
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """How the kernel probes run: per-path timeout; ``fresh`` ignores cached verdicts."""
+    """How the kernel probes run: per-path timeout; ``fresh`` ignores cached verdicts;
+    ``store_dir``: where verdicts are kept (None: ``<hermes home>/kernels/verdicts``)."""
 
     timeout_s: float = DEFAULT_TIMEOUT_S
     fresh: bool = False
+    store_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,8 @@ def _probe(candidates: Sequence[_Candidate], spec: ModelSpec, dtype: torch.dtype
     for bs, paths in by_block.items():
         shapes = ProbeShapes.from_spec(spec, bs, dtype_name, torch.get_num_threads())
         found = admit(paths, shapes, " ".join(sorted(features.flags)),
-                      timeout_s=settings.timeout_s, fresh=settings.fresh)
+                      timeout_s=settings.timeout_s, fresh=settings.fresh,
+                      store=VerdictStore(settings.store_dir))
         verdicts.update({f"{bs}/{name}": v for name, v in found.items()})
     return verdicts
 

@@ -85,6 +85,7 @@ class AttentionBackend(ABC):
               dtype: torch.dtype, sliding_windows: Sequence[int | None]) -> None:
         """Raise :class:`BackendUnavailable` where the backend cannot run these shapes or
         its library is missing; loads and runs nothing."""
+        return None
 
     @classmethod
     def code_paths(cls, features: CpuFeatures, dtype: torch.dtype,

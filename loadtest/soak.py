@@ -28,8 +28,9 @@ Checks (exit status 1 and ``SOAK FAILED: ...`` when one fails):
 1. **No upward trend after warm-up.** A least-squares line is fitted to each series over the
    samples after ``--warmup-s`` (until the traffic stops; RSS over the second half of that
    window, where the caches' climb has levelled off: ``soak_checks.plateau_window``). A
-   series fails only when *both* its slope and the growth that slope implies over the whole window exceed their bounds, so a
-   short run tolerates a slope it cannot tell from noise and a long one catches a slow leak:
+   series fails only when *both* its slope and the growth that slope implies over the whole
+   window exceed their bounds, so a short run tolerates a slope it cannot tell from noise
+   and a long one catches a slow leak:
 
    - RSS: more than ``--rss-slope-mb-min`` (5 MiB/min) *and* more than ``--rss-growth-frac``
      (10 %) of the post-warm-up RSS over the window. 5 MiB/min is 150 MiB in a 30-minute run,

@@ -26,35 +26,67 @@ COMMON = dict(
 )
 
 
+ARCHS = ("llama", "qwen2", "mistral", "qwen3", "granite", "olmo2", "smollm3", "seed_oss")
+WINDOWED_ARCHS = ("mistral",)  # tiny models with sliding-window layers
+
+
+def _family_model(arch: str, common: dict):
+    """The tiny config and transformers model of the newer families (random init)."""
+    import transformers as tf
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if arch == "qwen3":
+        cfg = tf.Qwen3Config(**common, tie_word_embeddings=False, rope_parameters=rope)
+        return tf.Qwen3ForCausalLM(cfg)
+    if arch == "granite":
+        cfg = tf.GraniteConfig(**common, tie_word_embeddings=True, embedding_multiplier=3.0,
+                               residual_multiplier=0.5, attention_multiplier=0.1,
+                               logits_scaling=4.0, rope_parameters=rope)
+        return tf.GraniteForCausalLM(cfg)
+    if arch == "olmo2":
+        cfg = tf.Olmo2Config(**common, tie_word_embeddings=False, rope_parameters=rope)
+        return tf.Olmo2ForCausalLM(cfg)
+    if arch == "smollm3":
+        cfg = tf.SmolLM3Config(**common, tie_word_embeddings=True, no_rope_layers=[1, 0, 1],
+                               rope_parameters=rope)
+        return tf.SmolLM3ForCausalLM(cfg)
+    if arch == "seed_oss":
+        cfg = tf.SeedOssConfig(**common, tie_word_embeddings=False, attention_bias=True,
+                               attention_out_bias=False, rope_parameters=rope)
+        return tf.SeedOssForCausalLM(cfg)
+    raise ValueError(arch)
+
+
 def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0,
                     head_dim: int = 16) -> Path:
-    """Write a random tiny ``arch`` (llama, qwen2, mistral) checkpoint to ``path``
-    (``head_dim`` 32 or more for the kernel backends, which take no smaller heads)."""
+    """Write a random tiny ``arch`` (one of :data:`ARCHS`) checkpoint to ``path``
+    (``head_dim`` 32 or more for the kernel backends, which take no smaller heads). Every
+    weight is random, 1-D ones too (norm weights around 1, biases around 0), so that a norm
+    applied as ``w`` instead of ``1 + w`` or in the wrong place changes the logits."""
     import transformers as tf
 
     torch.manual_seed(seed)
     common = {**COMMON, "head_dim": head_dim}
-    if arch == "llama":
+    if arch not in ("llama", "qwen2", "mistral"):
+        model = _family_model(arch, common)
+    elif arch == "llama":
         cfg = tf.LlamaConfig(**common, tie_word_embeddings=True,
                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         model = tf.LlamaForCausalLM(cfg)
     elif arch == "qwen2":
         cfg = tf.Qwen2Config(**common, tie_word_embeddings=False)
         model = tf.Qwen2ForCausalLM(cfg)
-        with torch.no_grad():  # random init leaves biases at zero: make them matter
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
-                             layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.5)
     elif arch == "mistral":
         cfg = tf.MistralConfig(**common, tie_word_embeddings=False, sliding_window=40)
         model = tf.MistralForCausalLM(cfg)
-    else:
-        raise ValueError(arch)
     with torch.no_grad():  # larger weights than the 0.02 init so logits are not all alike
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.15)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:  # biases
+                p.normal_(0, 0.5)
     model.save_pretrained(path)
     return path
 

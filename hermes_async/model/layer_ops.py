@@ -62,9 +62,19 @@ class TorchLayerOps:
         cos, sin = rope  # type: ignore[misc]
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
+    def act_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The gated MLP's ``act(gate) * up`` with the model's activation."""
+        if self.spec.activation == "silu":
+            return self.silu_mul(gate_up)
+        return self.gelu_tanh_mul(gate_up)
+
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

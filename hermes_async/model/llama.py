@@ -1,9 +1,12 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) over the paged KV pool.
+"""The decoder over the paged KV pool: Llama and the families that differ from it by options
+of :class:`~hermes_async.model.spec.ModelSpec` (:mod:`hermes_async.model.families`).
 
 Weights are fused where one matmul can replace several (q/k/v, gate/up). The forward pass takes
 one packed step (attention through the step's :class:`~hermes_async.model.attention.AttentionPlan`)
-and returns logits only for the rows
-asked for: the last new token of each sequence.
+and returns logits only for the rows asked for: the last new token of each sequence. The
+options: q/k RMSNorm per head or over all heads (before RoPE), pre-norms and/or post-norms of
+the block outputs, the gated MLP's activation, embedding / residual / logit multipliers, the
+attention scale, per-layer windows and NoPE layers.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from hermes_async.model.spec import ModelSpec
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm attention + SwiGLU MLP block; parameters named after their HF sources."""
+    """One attention + gated MLP block; the norms the spec asks for (None where it has none)."""
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype) -> None:
         super().__init__()
@@ -28,16 +31,24 @@ class DecoderLayer(nn.Module):
         def param(*shape: int) -> nn.Parameter:
             return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
-        self.input_norm = param(h)
+        def maybe(on: bool, *shape: int) -> nn.Parameter | None:
+            return param(*shape) if on else None
+
+        self.input_norm = maybe(spec.pre_norms, h)
+        self.mlp_norm = maybe(spec.pre_norms, h)
+        self.attn_out_norm = maybe(spec.post_norms, h)
+        self.mlp_out_norm = maybe(spec.post_norms, h)
+        per_head = spec.qk_norm == "head"
+        self.q_norm = maybe(spec.qk_norm != "none", spec.head_dim if per_head else spec.q_size)
+        self.k_norm = maybe(spec.qk_norm != "none", spec.head_dim if per_head else spec.kv_size)
         self.qkv_weight = param(qkv, h)
-        self.qkv_bias = param(qkv) if spec.qkv_bias else None
+        self.qkv_bias = maybe(spec.qkv_bias, qkv)
         self.o_weight = param(h, spec.q_size)
-        self.o_bias = param(h) if spec.o_bias else None
-        self.post_norm = param(h)
+        self.o_bias = maybe(spec.o_bias, h)
         self.gate_up_weight = param(2 * spec.intermediate_size, h)
-        self.gate_up_bias = param(2 * spec.intermediate_size) if spec.mlp_bias else None
+        self.gate_up_bias = maybe(spec.mlp_bias, 2 * spec.intermediate_size)
         self.down_weight = param(h, spec.intermediate_size)
-        self.down_bias = param(h) if spec.mlp_bias else None
+        self.down_bias = maybe(spec.mlp_bias, h)
 
 
 class LlamaModel(nn.Module):
@@ -58,6 +69,30 @@ class LlamaModel(nn.Module):
         )
         self.ops = TorchLayerOps(spec)  # the runner may swap in fused kernels
 
+    def _qk_norms(self, layer: DecoderLayer, q: torch.Tensor,
+                  k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q ``[t, q_size]`` and k ``[t, kv_size]`` through the layer's q/k RMSNorms."""
+        spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
+        if layer.q_norm is None or layer.k_norm is None:
+            return q, k
+        if spec.qk_norm == "full":
+            return ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
+        d = spec.head_dim
+        return (ops.rms_norm(q.reshape(-1, d), layer.q_norm, eps).view(q.shape),
+                ops.rms_norm(k.reshape(-1, d), layer.k_norm, eps).view(k.shape))
+
+    def _add(self, out: torch.Tensor, residual: torch.Tensor,
+             norm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add of a block's output (scaled), and the next block's input: its
+        pre-norm of the new residual where the spec has pre-norms, else the residual itself."""
+        spec = self.spec
+        if spec.residual_scale != 1.0:
+            out = out * spec.residual_scale
+        if norm is not None:
+            return self.ops.add_rms_norm(out, residual, norm, spec.rms_norm_eps)
+        residual = residual + out
+        return residual, residual
+
     @torch.inference_mode()
     def forward(
         self,
@@ -71,27 +106,35 @@ class LlamaModel(nn.Module):
         spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         t = input_ids.shape[0]
         residual = F.embedding(input_ids, self.embed)
-        scale = spec.head_dim ** -0.5
+        if spec.embedding_scale != 1.0:
+            residual = residual * spec.embedding_scale
+        scale = spec.scale
         split = [spec.q_size, spec.kv_size, spec.kv_size]
         rope = ops.rope(positions, residual.dtype)
-        h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
+        first = self.layers[0].input_norm
+        h = residual if first is None else ops.rms_norm(residual, first, eps)
         for i, layer in enumerate(self.layers):
             q, k, v = ops.linear(h, layer.qkv_weight, layer.qkv_bias).split(split, dim=-1)
-            q, k = ops.rotary(rope, q.view(t, spec.num_heads, spec.head_dim),
-                              k.view(t, spec.num_kv_heads, spec.head_dim))
-            v = v.view(t, spec.num_kv_heads, spec.head_dim)
+            q, k = self._qk_norms(layer, q, k)
+            q = q.reshape(t, spec.num_heads, spec.head_dim)
+            k = k.reshape(t, spec.num_kv_heads, spec.head_dim)
+            if spec.uses_rope(i):
+                q, k = ops.rotary(rope, q, k)
+            v = v.reshape(t, spec.num_kv_heads, spec.head_dim)
             attn = plan.attend(pool.blocks(i), q, k, v, scale, spec.sliding_windows[i])
             o = ops.linear(attn.reshape(t, spec.q_size), layer.o_weight, layer.o_bias)
-            h, residual = ops.add_rms_norm(o, residual, layer.post_norm, eps)
-            act = ops.silu_mul(ops.linear(h, layer.gate_up_weight, layer.gate_up_bias))
+            if layer.attn_out_norm is not None:
+                o = ops.rms_norm(o, layer.attn_out_norm, eps)
+            h, residual = self._add(o, residual, layer.mlp_norm)
+            act = ops.act_mul(ops.linear(h, layer.gate_up_weight, layer.gate_up_bias))
             down = ops.linear(act, layer.down_weight, layer.down_bias)
+            if layer.mlp_out_norm is not None:
+                down = ops.rms_norm(down, layer.mlp_out_norm, eps)
             nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else None
-            if nxt is not None:  # the next layer's input norm, fused with the residual add
-                h, residual = ops.add_rms_norm(down, residual, nxt, eps)
-            else:
-                residual = residual + down
+            h, residual = self._add(down, residual, nxt)
         last = ops.rms_norm(residual[logits_indices], self.final_norm, eps)
-        return ops.linear(last, self.head_weight).float()
+        logits = ops.linear(last, self.head_weight).float()
+        return logits * spec.logit_scale if spec.logit_scale != 1.0 else logits
 
     @property
     def head_weight(self) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""Load a local Hugging Face directory of the Llama family into :class:`LlamaModel`.
+"""Load a local Hugging Face directory of a supported family into :class:`LlamaModel`.
 
 Reads ``*.safetensors`` (single file or sharded with an index), casts to the requested dtype and
-fuses q/k/v and gate/up. A missing or corrupt file raises :class:`ModelLoadError` naming it.
+fuses q/k/v and gate/up; the tensor names are the family's (``families/*.py``). A missing or
+corrupt file raises :class:`ModelLoadError` naming it.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ def load_model(model_dir: str | Path, dtype: str = "float32",
 
 
 def _assign(model: LlamaModel, spec: ModelSpec, src: dict[str, torch.Tensor], path: Path) -> None:
+    from hermes_async.model.families import family_for
+
+    family = family_for(spec.architecture)
+    assert family is not None  # read_spec found it
+    names = family.names
+
     def take(name: str) -> torch.Tensor:
         if name not in src:
             raise ModelLoadError(f"weight {name!r} missing from the checkpoint in {path}")
@@ -86,27 +93,36 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: dict[str, torch.Tensor], pa
             )
         dst.data.copy_(value.to(dst.dtype))
 
-    put(model.embed, take("model.embed_tokens.weight"), "model.embed_tokens.weight")
-    put(model.final_norm, take("model.norm.weight"), "model.norm.weight")
+    def put_named(dst: torch.nn.Parameter | None, name: str | None) -> None:
+        if dst is not None and name is not None:
+            put(dst, take(name), name)
+
+    put(model.embed, take(names.embed), names.embed)
+    put(model.final_norm, take(names.final_norm), names.final_norm)
     if model.lm_head is not None:
-        put(model.lm_head, take("lm_head.weight"), "lm_head.weight")
+        put(model.lm_head, take(names.lm_head), names.lm_head)
     for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        a, m = p + "self_attn.", p + "mlp."
-        put(layer.input_norm, take(p + "input_layernorm.weight"), p + "input_layernorm")
-        put(layer.post_norm, take(p + "post_attention_layernorm.weight"), p + "post_attn_norm")
-        qkv = [take(a + f"{n}_proj.weight") for n in "qkv"]
-        put(layer.qkv_weight, torch.cat(qkv), a + "{q,k,v}_proj.weight")
+        p = names.layer.format(i=i)
+        a = p + names.attention
+        m = p + names.mlp
+        for dst, rel in ((layer.input_norm, names.input_norm), (layer.mlp_norm, names.mlp_norm),
+                         (layer.attn_out_norm, names.attn_out_norm),
+                         (layer.mlp_out_norm, names.mlp_out_norm),
+                         (layer.q_norm, names.q_norm), (layer.k_norm, names.k_norm)):
+            put_named(dst, None if rel is None else p + rel)
+        qkv = [take(a.format(name=n) + "weight") for n in "qkv"]
+        put(layer.qkv_weight, torch.cat(qkv), a.format(name="{q,k,v}") + "weight")
         if layer.qkv_bias is not None:
-            bias = [take(a + f"{n}_proj.bias") for n in "qkv"]
-            put(layer.qkv_bias, torch.cat(bias), a + "{q,k,v}_proj.bias")
-        put(layer.o_weight, take(a + "o_proj.weight"), a + "o_proj.weight")
-        if layer.o_bias is not None:
-            put(layer.o_bias, take(a + "o_proj.bias"), a + "o_proj.bias")
-        gate_up = torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
-        put(layer.gate_up_weight, gate_up, m + "{gate,up}_proj.weight")
-        put(layer.down_weight, take(m + "down_proj.weight"), m + "down_proj.weight")
+            bias = [take(a.format(name=n) + "bias") for n in "qkv"]
+            put(layer.qkv_bias, torch.cat(bias), a.format(name="{q,k,v}") + "bias")
+        put_named(layer.o_weight, a.format(name="o") + "weight")
+        put_named(layer.o_bias, a.format(name="o") + "bias")
+        gate_up = torch.cat([take(m.format(name="gate") + "weight"),
+                             take(m.format(name="up") + "weight")])
+        put(layer.gate_up_weight, gate_up, m.format(name="{gate,up}") + "weight")
+        put_named(layer.down_weight, m.format(name="down") + "weight")
         if layer.gate_up_bias is not None:
-            bias = torch.cat([take(m + "gate_proj.bias"), take(m + "up_proj.bias")])
-            put(layer.gate_up_bias, bias, m + "{gate,up}_proj.bias")
-            put(layer.down_bias, take(m + "down_proj.bias"), m + "down_proj.bias")
+            bias = torch.cat([take(m.format(name="gate") + "bias"),
+                              take(m.format(name="up") + "bias")])
+            put(layer.gate_up_bias, bias, m.format(name="{gate,up}") + "bias")
+            put_named(layer.down_bias, m.format(name="down") + "bias")

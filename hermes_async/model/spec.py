@@ -1,8 +1,11 @@
-"""What the runner needs to know of a Llama-family model, read from its Hugging Face config.
+"""What the runner needs to know of a decoder model, read from its Hugging Face config.
 
 transformers parses ``config.json`` (and computes RoPE inverse frequencies for every scaling
-type it knows); this module checks the architecture is one the runner implements and flattens
-the parts it uses into a frozen :class:`ModelSpec`.
+type it knows); this module finds the architecture's family (:mod:`hermes_async.model.families`:
+one file each, stating only how it differs from Llama) and flattens what the forward uses into
+a frozen :class:`ModelSpec`: the shapes, and the options the families differ by (q/k norms,
+norm placement, embedding / residual / logit multipliers, attention scale, per-layer windows
+and RoPE tables, NoPE layers).
 """
 
 from __future__ import annotations
@@ -12,12 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
 
 
 class ModelLoadError(RuntimeError):
@@ -45,6 +42,24 @@ class ModelSpec:
     sliding_windows: tuple[int | None, ...]  # per layer; None = full attention
     inv_freq: torch.Tensor
     rope_attention_scaling: float
+    # options a family sets (defaults: Llama)
+    qk_norm: str = "none"  # "head": RMSNorm over each head's d (Qwen3); "full": over all heads
+    pre_norms: bool = True  # RMSNorm before attention and before the MLP
+    post_norms: bool = False  # RMSNorm of the attention and MLP outputs (OLMo 2, Gemma)
+    activation: str = "silu"  # of the gated MLP: "silu" or "gelu_tanh"
+    embedding_scale: float = 1.0  # embeddings multiplied by (Granite, Gemma)
+    residual_scale: float = 1.0  # each block's output multiplied by before the add (Granite)
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    logit_scale: float = 1.0  # logits multiplied by (Granite: 1 / logits_scaling)
+    rope_layers: tuple[bool, ...] = ()  # per layer: RoPE on (empty: every layer); SmolLM3 NoPE
+
+    @property
+    def scale(self) -> float:
+        """The attention's softmax scale."""
+        return self.head_dim ** -0.5 if self.attention_scale is None else self.attention_scale
+
+    def uses_rope(self, layer: int) -> bool:
+        return not self.rope_layers or self.rope_layers[layer]
 
     @property
     def q_size(self) -> int:
@@ -57,6 +72,8 @@ class ModelSpec:
 
 def read_spec(model_dir: Path) -> ModelSpec:
     """Parse ``model_dir/config.json`` with transformers into a :class:`ModelSpec`."""
+    from hermes_async.model.families import family_for, supported_architectures
+
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"missing {config_path}: not a Hugging Face model directory")
@@ -65,25 +82,28 @@ def read_spec(model_dir: Path) -> ModelSpec:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"cannot read {config_path}: {e}") from e
     archs = raw.get("architectures") or []
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    if arch is None:
+    family = next((f for a in archs if (f := family_for(a)) is not None), None)
+    if family is None:
         raise ModelLoadError(
             f"unsupported architecture {archs or raw.get('model_type')!r} in {config_path}; "
-            f"hermes_async runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+            f"hermes_async runs {', '.join(supported_architectures())}"
         )
+    arch = next(a for a in archs if family_for(a) is family)
     from transformers import AutoConfig
 
     try:
         cfg = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     except Exception as e:  # transformers raises many types for a bad config
         raise ModelLoadError(f"transformers cannot parse {config_path}: {e}") from e
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise ModelLoadError(f"{arch}: hidden_act {cfg.hidden_act!r} unsupported (silu only)")
+    activation = ACTIVATIONS.get(getattr(cfg, "hidden_act", None) or
+                                 getattr(cfg, "hidden_activation", "silu"))
+    if activation is None:
+        raise ModelLoadError(f"{arch}: hidden_act {cfg.hidden_act!r} unsupported "
+                             f"(one of {', '.join(ACTIVATIONS)})")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     inv_freq, scaling = _rope(cfg, arch)
-    family = SUPPORTED_ARCHITECTURES[arch]
     attention_bias = bool(getattr(cfg, "attention_bias", False))
-    return ModelSpec(
+    fields = dict(
         architecture=arch,
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
@@ -95,13 +115,31 @@ def read_spec(model_dir: Path) -> ModelSpec:
         rms_norm_eps=float(cfg.rms_norm_eps),
         max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        qkv_bias=True if family == "qwen2" else attention_bias,
-        o_bias=False if family == "qwen2" else attention_bias,
+        qkv_bias=attention_bias,
+        o_bias=attention_bias,
         mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
-        sliding_windows=_sliding_windows(cfg, family),
+        sliding_windows=(None,) * cfg.num_hidden_layers,
         inv_freq=inv_freq,
         rope_attention_scaling=float(scaling),
+        activation=activation,
     )
+    fields.update(family.options(cfg))
+    return ModelSpec(**fields)  # type: ignore[arg-type]
+
+
+# the gated MLP's activation, by the names transformers' configs use
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def windows_from_layer_types(cfg: object) -> tuple[int | None, ...]:
+    """Per-layer windows from ``layer_types`` (``sliding_attention`` layers get
+    ``sliding_window``), as Qwen2/Qwen3/SmolLM3/Gemma configs state them."""
+    n = cfg.num_hidden_layers  # type: ignore[attr-defined]
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None)
+    if not (layer_types and window):
+        return (None,) * n
+    return tuple(window if t == "sliding_attention" else None for t in layer_types)
 
 
 def _rope(cfg: object, arch: str) -> tuple[torch.Tensor, float]:
@@ -123,16 +161,3 @@ def _rope(cfg: object, arch: str) -> tuple[torch.Tensor, float]:
         raise ModelLoadError(f"{arch}: unknown rope_type {rope_type!r}")
     inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"))
     return inv.float(), float(scaling)
-
-
-def _sliding_windows(cfg: object, family: str) -> tuple[int | None, ...]:
-    """Per-layer attention window: Mistral applies ``sliding_window`` everywhere, Qwen2 only on
-    layers whose ``layer_types`` entry says so, Llama never."""
-    n = cfg.num_hidden_layers
-    window = getattr(cfg, "sliding_window", None)
-    if family == "mistral":
-        return (window,) * n
-    layer_types = getattr(cfg, "layer_types", None)
-    if family == "qwen2" and layer_types and window:
-        return tuple(window if t == "sliding_attention" else None for t in layer_types)
-    return (None,) * n

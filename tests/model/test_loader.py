@@ -22,9 +22,21 @@ def test_spec_reads_shape_and_family_options(tiny_arch_dir):
     spec = read_spec(tiny_arch_dir)
     assert (spec.num_heads, spec.num_kv_heads, spec.head_dim) == (4, 2, 16)
     family = spec.architecture
-    assert spec.qkv_bias is (family == "Qwen2ForCausalLM")
-    assert spec.tie_word_embeddings is (family == "LlamaForCausalLM")
+    assert spec.qkv_bias is (family in ("Qwen2ForCausalLM", "SeedOssForCausalLM"))
+    assert spec.o_bias is False
+    assert spec.tie_word_embeddings is (family in ("LlamaForCausalLM", "GraniteForCausalLM",
+                                                   "SmolLM3ForCausalLM"))
     assert spec.sliding_windows[0] == (40 if family == "MistralForCausalLM" else None)
+    assert spec.qk_norm == {"Qwen3ForCausalLM": "head", "Olmo2ForCausalLM": "full"}.get(
+        family, "none")
+    assert spec.pre_norms is (family != "Olmo2ForCausalLM")
+    assert spec.post_norms is (family == "Olmo2ForCausalLM")
+    assert spec.rope_layers == ((True, False, True) if family == "SmolLM3ForCausalLM" else ())
+    if family == "GraniteForCausalLM":
+        assert (spec.embedding_scale, spec.residual_scale, spec.scale, spec.logit_scale) == (
+            3.0, 0.5, 0.1, 0.25)
+    else:
+        assert spec.scale == 16 ** -0.5 and spec.logit_scale == 1.0
 
 
 def test_bfloat16_load_casts_weights(tiny_dir):

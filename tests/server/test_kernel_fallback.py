@@ -18,8 +18,8 @@ QUESTION = [{"role": "user", "content": "Name three colours."}]
 
 def answer(url: str) -> str:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
-    out = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, max_tokens=20,
-                                         temperature=0)
+    out = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION,
+                                         max_tokens=20, temperature=0)
     return out.choices[0].message.content or ""
 
 

@@ -26,8 +26,9 @@ COMMON = dict(
 )
 
 
-ARCHS = ("llama", "qwen2", "mistral", "qwen3", "granite", "olmo2", "smollm3", "seed_oss")
-WINDOWED_ARCHS = ("mistral",)  # tiny models with sliding-window layers
+ARCHS = ("llama", "qwen2", "mistral", "qwen3", "granite", "olmo2", "smollm3", "seed_oss",
+         "gemma3")
+WINDOWED_ARCHS = ("mistral", "gemma3")  # tiny models with sliding-window layers
 
 
 def _family_model(arch: str, common: dict):
@@ -54,6 +55,14 @@ def _family_model(arch: str, common: dict):
         cfg = tf.SeedOssConfig(**common, tie_word_embeddings=False, attention_bias=True,
                                attention_out_bias=False, rope_parameters=rope)
         return tf.SeedOssForCausalLM(cfg)
+    if arch == "gemma3":
+        cfg = tf.Gemma3TextConfig(
+            **common, tie_word_embeddings=True, sliding_window=40, query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                             "full_attention": {"rope_type": "default", "rope_theta": 1e6}})
+        cfg.architectures = ["Gemma3ForCausalLM"]
+        return tf.Gemma3ForCausalLM(cfg)
     raise ValueError(arch)
 
 
@@ -83,8 +92,8 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0,
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.15)
-            elif "norm" in name:
-                p.uniform_(0.5, 1.5)
+            elif "norm" in name:  # Gemma's (1 + w): w itself around 0
+                p.uniform_(-0.5, 0.5) if arch == "gemma3" else p.uniform_(0.5, 1.5)
             else:  # biases
                 p.normal_(0, 0.5)
     model.save_pretrained(path)

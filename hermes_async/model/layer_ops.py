@@ -25,7 +25,8 @@ class TorchLayerOps:
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
-        self._inv_freq: dict[torch.device, torch.Tensor] = {}  # spec.inv_freq per device
+        # each RoPE table's inv_freq per device
+        self._inv_freq: dict[tuple[torch.device, int], torch.Tensor] = {}
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -45,21 +46,24 @@ class TorchLayerOps:
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> object:
         """What :meth:`rotary` needs for these positions, computed once per forward: cos and
-        sin ``[T, 1, head_dim]``."""
-        inv_freq = self._inv_freq.get(positions.device)
-        if inv_freq is None:  # copied once: a CUDA graph can capture no host-to-device copy
-            inv_freq = self.spec.inv_freq.to(positions.device).float()
-            self._inv_freq[positions.device] = inv_freq
-        freqs = positions[:, None].float() * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        scaling = self.spec.rope_attention_scaling
-        return ((emb.cos() * scaling).to(dtype)[:, None, :],
-                (emb.sin() * scaling).to(dtype)[:, None, :])
+        sin ``[T, 1, head_dim]`` of each of the spec's RoPE tables."""
+        out = []
+        for table, (inv, scaling) in enumerate(self.spec.rope_tables):
+            inv_freq = self._inv_freq.get((positions.device, table))
+            if inv_freq is None:  # copied once: a CUDA graph can capture no host-to-device copy
+                inv_freq = inv.to(positions.device).float()
+                self._inv_freq[positions.device, table] = inv_freq
+            freqs = positions[:, None].float() * inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            out.append(((emb.cos() * scaling).to(dtype)[:, None, :],
+                        (emb.sin() * scaling).to(dtype)[:, None, :]))
+        return out
 
-    def rotary(self, rope: object, q: torch.Tensor,
-               k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` ``[T, heads, d]`` and ``k`` ``[T, kv_heads, d]`` (neox layout)."""
-        cos, sin = rope  # type: ignore[misc]
+    def rotary(self, rope: object, q: torch.Tensor, k: torch.Tensor,
+               table: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` ``[T, heads, d]`` and ``k`` ``[T, kv_heads, d]`` (neox layout) with
+        RoPE table ``table``."""
+        cos, sin = rope[table]  # type: ignore[index]
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
     def act_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -120,11 +124,12 @@ class VllmCpuLayerOps(TorchLayerOps):
                                                  ("vllm-fused-ops", fused)) if on)
         if fused:
             positions = torch.arange(spec.max_position_embeddings, dtype=torch.float32)
-            freqs = positions[:, None] * spec.inv_freq.float()[None, :]
-            scaling = spec.rope_attention_scaling
-            # [max_pos, head_dim]: cos then sin of each frequency, as the kernel reads them
-            self.cos_sin = torch.cat(((freqs.cos() * scaling), (freqs.sin() * scaling)),
-                                     dim=-1).to(dtype)
+            self.cos_sin = []  # per RoPE table
+            for inv, scaling in spec.rope_tables:
+                freqs = positions[:, None] * inv.float()[None, :]
+                # [max_pos, head_dim]: cos then sin of each frequency, as the kernel reads them
+                self.cos_sin.append(torch.cat(((freqs.cos() * scaling),
+                                               (freqs.sin() * scaling)), dim=-1).to(dtype))
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -158,16 +163,24 @@ class VllmCpuLayerOps(TorchLayerOps):
             return super().rope(positions, dtype)
         return positions  # the kernel reads its cos/sin table by position
 
-    def rotary(self, rope: object, q: torch.Tensor,
-               k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(self, rope: object, q: torch.Tensor, k: torch.Tensor,
+               table: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.fused:
-            return super().rotary(rope, q, k)
+            return super().rotary(rope, q, k, table)
         positions = rope
         t, heads, d = q.shape
         q2, k2 = q.reshape(t, -1).contiguous(), k.reshape(t, -1).contiguous()
-        self.ops.rotary_embedding(positions, q2, k2, d, self.cos_sin,  # type: ignore[attr-defined]
-                                  True)
+        self.ops.rotary_embedding(positions, q2, k2, d,  # type: ignore[attr-defined]
+                                  self.cos_sin[table], True)
         return q2.view(t, heads, d), k2.view(t, k.shape[1], d)
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return super().gelu_tanh_mul(gate_up)
+        out = torch.empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2, dtype=gate_up.dtype,
+                          device=gate_up.device)
+        self.ops.gelu_tanh_and_mul(out, gate_up.contiguous())  # type: ignore[attr-defined]
+        return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if not self.fused:

@@ -119,7 +119,7 @@ class LlamaModel(nn.Module):
             q = q.reshape(t, spec.num_heads, spec.head_dim)
             k = k.reshape(t, spec.num_kv_heads, spec.head_dim)
             if spec.uses_rope(i):
-                q, k = ops.rotary(rope, q, k)
+                q, k = ops.rotary(rope, q, k, spec.rope_table(i))
             v = v.reshape(t, spec.num_kv_heads, spec.head_dim)
             attn = plan.attend(pool.blocks(i), q, k, v, scale, spec.sliding_windows[i])
             o = ops.linear(attn.reshape(t, spec.q_size), layer.o_weight, layer.o_bias)

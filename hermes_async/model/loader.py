@@ -97,8 +97,12 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: dict[str, torch.Tensor], pa
         if dst is not None and name is not None:
             put(dst, take(name), name)
 
+    def put_norm(dst: torch.nn.Parameter | None, name: str | None) -> None:
+        if dst is not None and name is not None:  # (1 + w) folded once, in float32
+            put(dst, take(name).float() + family.norm_weight_offset, name)
+
     put(model.embed, take(names.embed), names.embed)
-    put(model.final_norm, take(names.final_norm), names.final_norm)
+    put_norm(model.final_norm, names.final_norm)
     if model.lm_head is not None:
         put(model.lm_head, take(names.lm_head), names.lm_head)
     for i, layer in enumerate(model.layers):
@@ -109,7 +113,7 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: dict[str, torch.Tensor], pa
                          (layer.attn_out_norm, names.attn_out_norm),
                          (layer.mlp_out_norm, names.mlp_out_norm),
                          (layer.q_norm, names.q_norm), (layer.k_norm, names.k_norm)):
-            put_named(dst, None if rel is None else p + rel)
+            put_norm(dst, None if rel is None else p + rel)
         qkv = [take(a.format(name=n) + "weight") for n in "qkv"]
         put(layer.qkv_weight, torch.cat(qkv), a.format(name="{q,k,v}") + "weight")
         if layer.qkv_bias is not None:

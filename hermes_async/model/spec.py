@@ -52,6 +52,10 @@ class ModelSpec:
     attention_scale: float | None = None  # None: head_dim ** -0.5
     logit_scale: float = 1.0  # logits multiplied by (Granite: 1 / logits_scaling)
     rope_layers: tuple[bool, ...] = ()  # per layer: RoPE on (empty: every layer); SmolLM3 NoPE
+    # more RoPE tables (inv_freq, attention scaling) after the first (``inv_freq``), and each
+    # layer's table index (empty: table 0 everywhere); Gemma 3: local and global bases
+    extra_rope_tables: tuple[tuple[torch.Tensor, float], ...] = ()
+    layer_rope_tables: tuple[int, ...] = ()
 
     @property
     def scale(self) -> float:
@@ -60,6 +64,15 @@ class ModelSpec:
 
     def uses_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
+
+    @property
+    def rope_tables(self) -> tuple[tuple[torch.Tensor, float], ...]:
+        """Every RoPE table: ``(inv_freq, attention scaling)``, the first one's own first."""
+        return ((self.inv_freq, self.rope_attention_scaling), *self.extra_rope_tables)
+
+    def rope_table(self, layer: int) -> int:
+        """The index in :attr:`rope_tables` of ``layer``'s table."""
+        return self.layer_rope_tables[layer] if self.layer_rope_tables else 0
 
     @property
     def q_size(self) -> int:
@@ -142,8 +155,27 @@ def windows_from_layer_types(cfg: object) -> tuple[int | None, ...]:
     return tuple(window if t == "sliding_attention" else None for t in layer_types)
 
 
+def rope_for_layer_type(cfg: object, layer_type: str) -> tuple[torch.Tensor, float]:
+    """The RoPE table of one layer type where ``rope_parameters`` is keyed by layer type
+    (Gemma 3: ``full_attention`` and ``sliding_attention`` with their own bases)."""
+    params = cfg.rope_parameters[layer_type]  # type: ignore[attr-defined]
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads  # type: ignore[attr-defined]
+        inv = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return inv, 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ModelLoadError(f"unknown rope_type {rope_type!r} for {layer_type} layers")
+    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"), layer_type=layer_type)
+    return inv.float(), float(scaling)
+
+
 def _rope(cfg: object, arch: str) -> tuple[torch.Tensor, float]:
     params = dict(getattr(cfg, "rope_parameters", None) or {})
+    if "full_attention" in params:  # keyed by layer type: the family reads the others
+        return rope_for_layer_type(cfg, "full_attention")
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         theta = params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))

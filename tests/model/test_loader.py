@@ -25,12 +25,18 @@ def test_spec_reads_shape_and_family_options(tiny_arch_dir):
     assert spec.qkv_bias is (family in ("Qwen2ForCausalLM", "SeedOssForCausalLM"))
     assert spec.o_bias is False
     assert spec.tie_word_embeddings is (family in ("LlamaForCausalLM", "GraniteForCausalLM",
-                                                   "SmolLM3ForCausalLM"))
-    assert spec.sliding_windows[0] == (40 if family == "MistralForCausalLM" else None)
-    assert spec.qk_norm == {"Qwen3ForCausalLM": "head", "Olmo2ForCausalLM": "full"}.get(
-        family, "none")
+                                                   "SmolLM3ForCausalLM", "Gemma3ForCausalLM"))
+    assert spec.sliding_windows[0] == (40 if family in ("MistralForCausalLM",
+                                                        "Gemma3ForCausalLM") else None)
+    assert spec.qk_norm == {"Qwen3ForCausalLM": "head", "Olmo2ForCausalLM": "full",
+                            "Gemma3ForCausalLM": "head"}.get(family, "none")
     assert spec.pre_norms is (family != "Olmo2ForCausalLM")
-    assert spec.post_norms is (family == "Olmo2ForCausalLM")
+    assert spec.post_norms is (family in ("Olmo2ForCausalLM", "Gemma3ForCausalLM"))
+    if family == "Gemma3ForCausalLM":  # local layers (0, 2) on their own RoPE base
+        assert spec.layer_rope_tables == (1, 0, 1) and spec.sliding_windows[1] is None
+        assert spec.activation == "gelu_tanh" and spec.embedding_scale == 8.0
+        assert spec.scale == 24 ** -0.5
+        return
     assert spec.rope_layers == ((True, False, True) if family == "SmolLM3ForCausalLM" else ())
     if family == "GraniteForCausalLM":
         assert (spec.embedding_scale, spec.residual_scale, spec.scale, spec.logit_scale) == (

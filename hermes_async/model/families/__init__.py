@@ -10,6 +10,7 @@ suite then runs it against transformers on every backend).
 from __future__ import annotations
 
 from hermes_async.model.families import (
+    gemma3,
     granite,
     llama,
     mistral,
@@ -23,7 +24,7 @@ from hermes_async.model.families.base import Family, TensorNames
 
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, granite.FAMILY, olmo2.FAMILY,
-    smollm3.FAMILY, seed_oss.FAMILY,
+    smollm3.FAMILY, seed_oss.FAMILY, gemma3.FAMILY,
 )
 
 __all__ = ["FAMILIES", "Family", "TensorNames", "family_for", "supported_architectures"]

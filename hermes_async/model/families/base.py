@@ -46,3 +46,5 @@ class Family:
     architectures: tuple[str, ...]
     options: Callable[[object], dict[str, object]] = no_options
     names: TensorNames = field(default_factory=TensorNames)
+    # added to every RMSNorm weight at load: 1.0 where the checkpoint stores w of (1 + w)
+    norm_weight_offset: float = 0.0

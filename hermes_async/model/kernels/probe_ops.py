@@ -167,8 +167,10 @@ def probe_vllm_fused_ops(shapes: ProbeShapes) -> ProbeReport:
         ops.silu_and_mul(act, gate_up)  # type: ignore[attr-defined]
         g = gate_up.double()
         worst.add(act, torch.nn.functional.silu(g[:, :inter]) * g[:, inter:])
+        ops.gelu_tanh_and_mul(act, gate_up)  # type: ignore[attr-defined]
+        worst.add(act, torch.nn.functional.gelu(g[:, :inter], approximate="tanh") * g[:, inter:])
     return worst.report(shapes.dtype, "rms_norm, fused_add_rms_norm, rotary_embedding, "
-                                      "silu_and_mul")
+                                      "silu_and_mul, gelu_tanh_and_mul")
 
 
 def probe_native_gemv(shapes: ProbeShapes) -> ProbeReport:

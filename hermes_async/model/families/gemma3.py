@@ -1,0 +1,31 @@
+"""Gemma 3 (text; the 1B checkpoint's ``Gemma3ForCausalLM``): RMSNorm as ``(1 + w)`` (folded
+into the weights at load), pre- and post-norms around attention and the MLP (sandwich), q/k
+RMSNorm per head, a GELU-tanh gated MLP, embeddings scaled by ``sqrt(hidden_size)``,
+``query_pre_attn_scalar ** -0.5`` as the softmax scale, and local (sliding) layers with their
+own RoPE base beside the global ones."""
+
+from hermes_async.model.families.base import Family, TensorNames
+from hermes_async.model.spec import ModelLoadError, rope_for_layer_type, windows_from_layer_types
+
+
+def options(cfg: object) -> dict[str, object]:
+    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "attn_logit_softcapping",
+                                                                None):
+        raise ModelLoadError("gemma3: logit soft-capping is not supported")
+    types = list(cfg.layer_types)  # type: ignore[attr-defined]
+    sliding = rope_for_layer_type(cfg, "sliding_attention")
+    return {
+        "qk_norm": "head", "post_norms": True,
+        "embedding_scale": float(cfg.hidden_size) ** 0.5,  # type: ignore[attr-defined]
+        "attention_scale": float(cfg.query_pre_attn_scalar) ** -0.5,  # type: ignore[attr-defined]
+        "sliding_windows": windows_from_layer_types(cfg),
+        "extra_rope_tables": (sliding,),
+        "layer_rope_tables": tuple(1 if t == "sliding_attention" else 0 for t in types),
+    }
+
+
+FAMILY = Family("gemma3", ("Gemma3ForCausalLM",), options,
+                TensorNames(mlp_norm="pre_feedforward_layernorm.weight",
+                            attn_out_norm="post_attention_layernorm.weight",
+                            mlp_out_norm="post_feedforward_layernorm.weight"),
+                norm_weight_offset=1.0)

@@ -67,7 +67,7 @@ def _family_model(arch: str, common: dict):
 
 
 def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0,
-                    head_dim: int = 16) -> Path:
+                    head_dim: int = 16, vocab_size: int | None = None) -> Path:
     """Write a random tiny ``arch`` (one of :data:`ARCHS`) checkpoint to ``path``
     (``head_dim`` 32 or more for the kernel backends, which take no smaller heads). Every
     weight is random, 1-D ones too (norm weights around 1, biases around 0), so that a norm
@@ -76,6 +76,8 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0,
 
     torch.manual_seed(seed)
     common = {**COMMON, "head_dim": head_dim}
+    if vocab_size is not None:  # a real tokenizer's (the served tests)
+        common["vocab_size"] = vocab_size
     if arch not in ("llama", "qwen2", "mistral"):
         model = _family_model(arch, common)
     elif arch == "llama":

@@ -27,7 +27,7 @@ COMMON = dict(
 
 
 ARCHS = ("llama", "qwen2", "mistral", "qwen3", "granite", "olmo2", "smollm3", "seed_oss",
-         "gemma3")
+         "gemma3", "qwen3_moe")
 WINDOWED_ARCHS = ("mistral", "gemma3")  # tiny models with sliding-window layers
 
 
@@ -55,6 +55,11 @@ def _family_model(arch: str, common: dict):
         cfg = tf.SeedOssConfig(**common, tie_word_embeddings=False, attention_bias=True,
                                attention_out_bias=False, rope_parameters=rope)
         return tf.SeedOssForCausalLM(cfg)
+    if arch == "qwen3_moe":  # 8 experts, top 2; layer 1 dense
+        cfg = tf.Qwen3MoeConfig(**common, tie_word_embeddings=False, rope_parameters=rope,
+                                moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+                                decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=True)
+        return tf.Qwen3MoeForCausalLM(cfg)
     if arch == "gemma3":
         cfg = tf.Gemma3TextConfig(
             **common, tie_word_embeddings=True, sliding_window=40, query_pre_attn_scalar=24,
@@ -92,7 +97,7 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0,
         model = tf.MistralForCausalLM(cfg)
     with torch.no_grad():  # larger weights than the 0.02 init so logits are not all alike
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # matrices, and stacked experts
                 p.normal_(0, 0.15)
             elif "norm" in name:  # Gemma's (1 + w): w itself around 0
                 p.uniform_(-0.5, 0.5) if arch == "gemma3" else p.uniform_(0.5, 1.5)

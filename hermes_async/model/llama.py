@@ -18,13 +18,14 @@ from torch import nn
 from hermes_async.model.attention import AttentionPlan
 from hermes_async.model.kv_pool import KVPool
 from hermes_async.model.layer_ops import TorchLayerOps
+from hermes_async.model.moe import moe_mlp
 from hermes_async.model.spec import ModelSpec
 
 
 class DecoderLayer(nn.Module):
     """One attention + gated MLP block; the norms the spec asks for (None where it has none)."""
 
-    def __init__(self, spec: ModelSpec, dtype: torch.dtype) -> None:
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, moe: bool = False) -> None:
         super().__init__()
         h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
 
@@ -45,10 +46,15 @@ class DecoderLayer(nn.Module):
         self.qkv_bias = maybe(spec.qkv_bias, qkv)
         self.o_weight = param(h, spec.q_size)
         self.o_bias = maybe(spec.o_bias, h)
-        self.gate_up_weight = param(2 * spec.intermediate_size, h)
-        self.gate_up_bias = maybe(spec.mlp_bias, 2 * spec.intermediate_size)
-        self.down_weight = param(h, spec.intermediate_size)
-        self.down_bias = maybe(spec.mlp_bias, h)
+        dense = not moe
+        self.gate_up_weight = maybe(dense, 2 * spec.intermediate_size, h)
+        self.gate_up_bias = maybe(dense and spec.mlp_bias, 2 * spec.intermediate_size)
+        self.down_weight = maybe(dense, h, spec.intermediate_size)
+        self.down_bias = maybe(dense and spec.mlp_bias, h)
+        e, i = spec.num_experts, spec.moe_intermediate_size
+        self.router_weight = maybe(moe, e, h)
+        self.experts_gate_up = maybe(moe, e, h, 2 * i)  # stacked, x @ W layout
+        self.experts_down = maybe(moe, e, i, h)
 
 
 class LlamaModel(nn.Module):
@@ -59,7 +65,8 @@ class LlamaModel(nn.Module):
         self.spec = spec
         self.embed = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype),
                                   requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(spec, dtype) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, dtype, spec.is_moe(i))
+                                    for i in range(spec.num_layers))
         self.final_norm = nn.Parameter(torch.empty(spec.hidden_size, dtype=dtype),
                                        requires_grad=False)
         self.lm_head = (
@@ -92,6 +99,15 @@ class LlamaModel(nn.Module):
             return self.ops.add_rms_norm(out, residual, norm, spec.rms_norm_eps)
         residual = residual + out
         return residual, residual
+
+    def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:
+        ops = self.ops
+        if layer.router_weight is not None:
+            return moe_mlp(ops, h, layer.router_weight, layer.experts_gate_up,  # type: ignore[arg-type]
+                           layer.experts_down, self.spec.experts_per_token,  # type: ignore[arg-type]
+                           self.spec.norm_topk_prob)
+        act = ops.act_mul(ops.linear(h, layer.gate_up_weight, layer.gate_up_bias))  # type: ignore[arg-type]
+        return ops.linear(act, layer.down_weight, layer.down_bias)  # type: ignore[arg-type]
 
     @torch.inference_mode()
     def forward(
@@ -126,8 +142,7 @@ class LlamaModel(nn.Module):
             if layer.attn_out_norm is not None:
                 o = ops.rms_norm(o, layer.attn_out_norm, eps)
             h, residual = self._add(o, residual, layer.mlp_norm)
-            act = ops.act_mul(ops.linear(h, layer.gate_up_weight, layer.gate_up_bias))
-            down = ops.linear(act, layer.down_weight, layer.down_bias)
+            down = self._mlp(layer, h)
             if layer.mlp_out_norm is not None:
                 down = ops.rms_norm(down, layer.mlp_out_norm, eps)
             nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else None
@@ -145,5 +160,6 @@ class LlamaModel(nn.Module):
         """Every 2-D weight the forward multiplies by (for ops that prepack them)."""
         out = [self.head_weight]
         for layer in self.layers:
-            out += [layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight]
+            out += [w for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight,
+                                layer.down_weight, layer.router_weight) if w is not None]
         return out

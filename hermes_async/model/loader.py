@@ -121,6 +121,9 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: dict[str, torch.Tensor], pa
             put(layer.qkv_bias, torch.cat(bias), a.format(name="{q,k,v}") + "bias")
         put_named(layer.o_weight, a.format(name="o") + "weight")
         put_named(layer.o_bias, a.format(name="o") + "bias")
+        if layer.router_weight is not None:
+            _assign_experts(layer, spec, p, names, take, put)
+            continue
         gate_up = torch.cat([take(m.format(name="gate") + "weight"),
                              take(m.format(name="up") + "weight")])
         put(layer.gate_up_weight, gate_up, m.format(name="{gate,up}") + "weight")
@@ -130,3 +133,20 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: dict[str, torch.Tensor], pa
                               take(m.format(name="up") + "bias")])
             put(layer.gate_up_bias, bias, m.format(name="{gate,up}") + "bias")
             put_named(layer.down_bias, m.format(name="down") + "bias")
+
+
+def _assign_experts(layer: torch.nn.Module, spec: ModelSpec, prefix: str, names: object,
+                    take: object, put: object) -> None:
+    """A mixture-of-experts layer: the router, and every expert's gate/up and down stacked
+    (``[E, hidden, 2 I]`` and ``[E, I, hidden]``: the ``x @ W`` layout of grouped matmuls)."""
+    router = prefix + names.router  # type: ignore[attr-defined]
+    put(layer.router_weight, take(router), router)  # type: ignore[operator]
+
+    def expert(j: int, name: str) -> torch.Tensor:
+        return take(prefix + names.expert.format(j=j, name=name))  # type: ignore[attr-defined,operator]
+
+    gate_up = torch.stack([torch.cat([expert(j, "gate"), expert(j, "up")]).t()
+                           for j in range(spec.num_experts)])
+    down = torch.stack([expert(j, "down").t() for j in range(spec.num_experts)])
+    put(layer.experts_gate_up, gate_up.contiguous(), prefix + "mlp.experts.*.{gate,up}_proj")  # type: ignore[operator]
+    put(layer.experts_down, down.contiguous(), prefix + "mlp.experts.*.down_proj")  # type: ignore[operator]

@@ -56,11 +56,20 @@ class ModelSpec:
     # layer's table index (empty: table 0 everywhere); Gemma 3: local and global bases
     extra_rope_tables: tuple[tuple[torch.Tensor, float], ...] = ()
     layer_rope_tables: tuple[int, ...] = ()
+    # mixture of experts (Qwen3-MoE): per layer whether its MLP is the sparse block
+    moe_layers: tuple[bool, ...] = ()
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
 
     @property
     def scale(self) -> float:
         """The attention's softmax scale."""
         return self.head_dim ** -0.5 if self.attention_scale is None else self.attention_scale
+
+    def is_moe(self, layer: int) -> bool:
+        return bool(self.moe_layers) and self.moe_layers[layer]
 
     def uses_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]

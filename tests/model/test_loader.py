@@ -29,7 +29,12 @@ def test_spec_reads_shape_and_family_options(tiny_arch_dir):
     assert spec.sliding_windows[0] == (40 if family in ("MistralForCausalLM",
                                                         "Gemma3ForCausalLM") else None)
     assert spec.qk_norm == {"Qwen3ForCausalLM": "head", "Olmo2ForCausalLM": "full",
-                            "Gemma3ForCausalLM": "head"}.get(family, "none")
+                            "Gemma3ForCausalLM": "head", "Qwen3MoeForCausalLM": "head"}.get(
+        family, "none")
+    assert spec.moe_layers == ((True, False, True) if family == "Qwen3MoeForCausalLM" else ())
+    if spec.moe_layers:
+        assert (spec.num_experts, spec.experts_per_token, spec.moe_intermediate_size) == (8, 2, 48)
+        assert spec.norm_topk_prob
     assert spec.pre_norms is (family != "Olmo2ForCausalLM")
     assert spec.post_norms is (family in ("Olmo2ForCausalLM", "Gemma3ForCausalLM"))
     if family == "Gemma3ForCausalLM":  # local layers (0, 2) on their own RoPE base

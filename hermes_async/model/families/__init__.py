@@ -17,6 +17,7 @@ from hermes_async.model.families import (
     olmo2,
     qwen2,
     qwen3,
+    qwen3_moe,
     seed_oss,
     smollm3,
 )
@@ -24,7 +25,7 @@ from hermes_async.model.families.base import Family, TensorNames
 
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, granite.FAMILY, olmo2.FAMILY,
-    smollm3.FAMILY, seed_oss.FAMILY, gemma3.FAMILY,
+    smollm3.FAMILY, seed_oss.FAMILY, gemma3.FAMILY, qwen3_moe.FAMILY,
 )
 
 __all__ = ["FAMILIES", "Family", "TensorNames", "family_for", "supported_architectures"]

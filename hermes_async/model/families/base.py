@@ -31,6 +31,8 @@ class TensorNames:
     k_norm: str = "self_attn.k_norm.weight"
     attention: str = "self_attn.{name}_proj."  # name: q, k, v, o
     mlp: str = "mlp.{name}_proj."  # name: gate, up, down
+    router: str = "mlp.gate.weight"  # of a mixture-of-experts layer
+    expert: str = "mlp.experts.{j}.{name}_proj.weight"  # expert j's; name: gate, up, down
 
 
 def no_options(cfg: object) -> dict[str, object]:

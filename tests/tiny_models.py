@@ -27,7 +27,7 @@ COMMON = dict(
 
 
 ARCHS = ("llama", "qwen2", "mistral", "qwen3", "granite", "olmo2", "smollm3", "seed_oss",
-         "gemma3", "qwen3_moe")
+         "gemma3", "qwen3_moe", "phi3")
 WINDOWED_ARCHS = ("mistral", "gemma3")  # tiny models with sliding-window layers
 
 
@@ -55,6 +55,10 @@ def _family_model(arch: str, common: dict):
         cfg = tf.SeedOssConfig(**common, tie_word_embeddings=False, attention_bias=True,
                                attention_out_bias=False, rope_parameters=rope)
         return tf.SeedOssForCausalLM(cfg)
+    if arch == "phi3":  # no window: the kernel backends run it too
+        cfg = tf.Phi3Config(**common, tie_word_embeddings=False, sliding_window=None,
+                            rope_parameters=rope)
+        return tf.Phi3ForCausalLM(cfg)
     if arch == "qwen3_moe":  # 8 experts, top 2; layer 1 dense
         cfg = tf.Qwen3MoeConfig(**common, tie_word_embeddings=False, rope_parameters=rope,
                                 moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2,

@@ -114,8 +114,11 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: dict[str, torch.Tensor], pa
                          (layer.mlp_out_norm, names.mlp_out_norm),
                          (layer.q_norm, names.q_norm), (layer.k_norm, names.k_norm)):
             put_norm(dst, None if rel is None else p + rel)
-        qkv = [take(a.format(name=n) + "weight") for n in "qkv"]
-        put(layer.qkv_weight, torch.cat(qkv), a.format(name="{q,k,v}") + "weight")
+        if names.fused_qkv is not None:
+            put_named(layer.qkv_weight, p + names.fused_qkv)
+        else:
+            qkv = [take(a.format(name=n) + "weight") for n in "qkv"]
+            put(layer.qkv_weight, torch.cat(qkv), a.format(name="{q,k,v}") + "weight")
         if layer.qkv_bias is not None:
             bias = [take(a.format(name=n) + "bias") for n in "qkv"]
             put(layer.qkv_bias, torch.cat(bias), a.format(name="{q,k,v}") + "bias")
@@ -124,9 +127,12 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: dict[str, torch.Tensor], pa
         if layer.router_weight is not None:
             _assign_experts(layer, spec, p, names, take, put)
             continue
-        gate_up = torch.cat([take(m.format(name="gate") + "weight"),
-                             take(m.format(name="up") + "weight")])
-        put(layer.gate_up_weight, gate_up, m.format(name="{gate,up}") + "weight")
+        if names.fused_gate_up is not None:
+            put_named(layer.gate_up_weight, p + names.fused_gate_up)
+        else:
+            gate_up = torch.cat([take(m.format(name="gate") + "weight"),
+                                 take(m.format(name="up") + "weight")])
+            put(layer.gate_up_weight, gate_up, m.format(name="{gate,up}") + "weight")
         put_named(layer.down_weight, m.format(name="down") + "weight")
         if layer.gate_up_bias is not None:
             bias = torch.cat([take(m.format(name="gate") + "bias"),

@@ -15,6 +15,7 @@ from hermes_async.model.families import (
     llama,
     mistral,
     olmo2,
+    phi3,
     qwen2,
     qwen3,
     qwen3_moe,
@@ -26,6 +27,7 @@ from hermes_async.model.families.base import Family, TensorNames
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, granite.FAMILY, olmo2.FAMILY,
     smollm3.FAMILY, seed_oss.FAMILY, gemma3.FAMILY, qwen3_moe.FAMILY,
+    phi3.FAMILY,
 )
 
 __all__ = ["FAMILIES", "Family", "TensorNames", "family_for", "supported_architectures"]

@@ -31,6 +31,8 @@ class TensorNames:
     k_norm: str = "self_attn.k_norm.weight"
     attention: str = "self_attn.{name}_proj."  # name: q, k, v, o
     mlp: str = "mlp.{name}_proj."  # name: gate, up, down
+    fused_qkv: str | None = None  # one q/k/v tensor in the checkpoint (Phi-3), relative
+    fused_gate_up: str | None = None  # one gate/up tensor (Phi-3)
     router: str = "mlp.gate.weight"  # of a mixture-of-experts layer
     expert: str = "mlp.experts.{j}.{name}_proj.weight"  # expert j's; name: gate, up, down
 

@@ -114,10 +114,9 @@ def backend_case(arch: str, backend: str) -> object:
     return pytest.param((arch, backend), id=f"{arch}-{backend}", marks=marks)
 
 
-# (arch, backend) pairs: every backend on every tiny architecture it supports (vllm-cpu and
-# native-cpu leave sliding-window models, mistral here, to the reference; flashinfer applies
-# windows).
-WINDOWED_BACKENDS = ("torch", "flashinfer")
+# (arch, backend) pairs: every backend on every tiny architecture it supports (vllm-cpu
+# leaves sliding-window models to the others; native-cpu and flashinfer apply windows).
+WINDOWED_BACKENDS = ("torch", "flashinfer", "native-cpu")
 _KERNEL_BACKENDS = [b for b in fast_code_paths() if b != "native-cpu"]
 if not device_under_test().startswith("cuda"):
     _KERNEL_BACKENDS.append("native-cpu")

@@ -95,9 +95,9 @@ def test_auto_order_per_cpu_kind():
     zen4, spr, sky = (CpuFeatures.from_flags(f) for f in (ZEN4, SAPPHIRE_RAPIDS, SKYLAKE))
     assert auto_order(CPU, BF16, zen4) == ["native-cpu", "vllm-cpu"]
     assert auto_order(CPU, BF16, spr) == ["vllm-cpu", "native-cpu"]
-    assert auto_order(CPU, F32, spr) == ["vllm-cpu"]
-    assert auto_order(CPU, F32, sky) == ["vllm-cpu"]
-    assert auto_order(CPU, F32, zen4) == ["vllm-cpu"]
+    assert auto_order(CPU, F32, spr) == ["vllm-cpu", "native-cpu"]
+    assert auto_order(CPU, F32, sky) == ["vllm-cpu", "native-cpu"]
+    assert auto_order(CPU, F32, zen4) == ["vllm-cpu", "native-cpu"]
     assert auto_order(torch.device("cuda"), BF16, zen4) == ["flashinfer"]
 
 

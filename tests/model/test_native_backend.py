@@ -183,20 +183,21 @@ def test_the_backend_is_a_configurable_choice(tiny_models):
     assert choice.reason == "native-cpu (configured)"
     with pytest.raises(BackendUnavailable, match="multiple of 8"):
         select_backend("native-cpu", spec, 12, torch.bfloat16, CPU)
-    with pytest.raises(BackendUnavailable, match="sliding-window"):
-        select_backend("native-cpu", read_spec(tiny_models("mistral", KERNEL_HEAD_DIM)), 32,
-                       torch.bfloat16, CPU)
+    windowed = select_backend("native-cpu", read_spec(tiny_models("mistral", KERNEL_HEAD_DIM)),
+                              32, torch.bfloat16, CPU)  # sliding windows: in the kernel
+    assert windowed.backend.name == "native-cpu"
 
 
 def test_auto_leads_with_it_only_where_it_measured_faster(tiny_models, monkeypatch):
-    """bfloat16 on an AVX512-BF16 CPU without AMX (BENCHMARKS.md); float32 stays vLLM's."""
+    """bfloat16 on an AVX512-BF16 CPU without AMX (BENCHMARKS.md); float32 stays vLLM's
+    (ours after it, for the sliding-window models vLLM's kernels are not given)."""
     from hermes_async.model.attention import auto_order, native
     from hermes_async.model.spec import read_spec
 
     measured_here = (torch.cpu._is_avx512_bf16_supported()
                      and not torch.cpu._is_amx_tile_supported())
     assert (auto_order(CPU, torch.bfloat16)[0] == "native-cpu") == measured_here
-    assert "native-cpu" not in auto_order(CPU, torch.float32)
+    assert auto_order(CPU, torch.float32) == ["vllm-cpu", "native-cpu"]
     spec = read_spec(tiny_models("llama", KERNEL_HEAD_DIM))
     if measured_here:
         choice = select_backend("auto", spec, 32, torch.bfloat16, CPU)
@@ -222,3 +223,27 @@ def test_without_a_compiler_the_build_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "loaded", lambda: False)
     with pytest.raises(BackendUnavailable, match="not built"):
         native.load()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sliding_windows_against_float64(dtype, threads):
+    """Windows shorter than a block, across blocks and longer than the context, through every
+    path (prefill tiles of 16+ rows, decodes, a long decode split into parts) on the probe's
+    script of steps, against float64 attention."""
+    from hermes_async.model.kernels.probe_attention import probe_backend
+    from hermes_async.model.kernels.shapes import ProbeShapes
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for heads, kv_heads in ((4, 2), (9, 3)):
+            shapes = ProbeShapes(dtype=dtype, num_heads=heads, num_kv_heads=kv_heads,
+                                 head_dim=64, block_size=32, hidden_size=256,
+                                 intermediate_size=512, linears=((256, 256),),
+                                 windows=(None, 5, 33, 70, 4096), num_threads=threads)
+            report = probe_backend(
+                shapes, "hermes_async.model.attention.native_cpu:NativeCpuBackend")
+            assert report.ok, report
+    finally:
+        torch.set_num_threads(before)

@@ -226,7 +226,8 @@ def auto_order(device: torch.device, dtype: torch.dtype,
     """The backends ``auto`` tries before ``torch``, fastest first as measured per CPU kind:
     ``native-cpu`` leads in bfloat16 on CPUs with AVX512-BF16 and no AMX (measured faster than
     ``vllm-cpu`` on decode and prefill: BENCHMARKS.md); with AMX, ``vllm-cpu`` (its ``amx``
-    path, then ``vec``) before ``native-cpu``; vLLM's kernels measured faster in float32."""
+    path, then ``vec``) before ``native-cpu``; vLLM's kernels measured faster in float32, ours
+    next (sliding-window models, which vLLM's are not given, run on ours)."""
     if device.type == "cuda":
         return ["flashinfer"]
     if device.type != "cpu":
@@ -236,4 +237,4 @@ def auto_order(device: torch.device, dtype: torch.dtype,
         return ["native-cpu", "vllm-cpu"]
     if dtype == torch.bfloat16 and features.amx_bf16:
         return ["vllm-cpu", "native-cpu"]
-    return ["vllm-cpu"]
+    return ["vllm-cpu", "native-cpu"]

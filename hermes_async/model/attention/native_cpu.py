@@ -56,15 +56,13 @@ class NativeCpuPlan(AttentionPlan):
 
     def attend(self, kv: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
-        if window is not None:
-            raise ValueError("the native-cpu backend does not apply sliding windows")
         k_cache, v_cache = kv
         ops = torch.ops.hermes_native
         ops.write_kv(k.contiguous(), v.contiguous(), k_cache, v_cache, self.slot_mapping)
         q = q.contiguous()
         out = torch.empty_like(q)
         ops.paged_attention(out, q, k_cache, v_cache, self.query_start_loc, self.seq_lens,
-                            self.block_table, scale)
+                            self.block_table, scale, window or 0)
         return out
 
 
@@ -144,8 +142,9 @@ class NativeTorchLayerOps(NativeOps, TorchLayerOps):
 
 
 class NativeCpuBackend(AttentionBackend):
-    """Our kernels for models without sliding windows, bfloat16 or float32, head sizes and
-    block sizes multiples of 8, any GQA grouping."""
+    """Our kernels, bfloat16 or float32, head sizes and block sizes multiples of 8, any GQA
+    grouping, sliding-window layers included (a query sees the keys after its position less
+    the window)."""
 
     name = "native-cpu"
     kv_layout = "hnd"
@@ -161,8 +160,6 @@ class NativeCpuBackend(AttentionBackend):
               dtype: torch.dtype, sliding_windows: Sequence[int | None]) -> None:
         if dtype not in SUPPORTED_DTYPES:
             raise BackendUnavailable(f"the native kernels run bfloat16 or float32, not {dtype}")
-        if any(w is not None for w in sliding_windows):
-            raise BackendUnavailable("the model has sliding-window layers")
         if block_size % BLOCK_SIZE_MULTIPLE:
             raise BackendUnavailable(f"the native kernels need blocks of a multiple of "
                                      f"{BLOCK_SIZE_MULTIPLE} tokens, not {block_size}")

@@ -181,7 +181,8 @@ void attend_dot(const Item& it, const Shapes& sh, const View<bf16>& v, Scratch& 
       qk_dot_block(qb, rows, v.kc + off, d, n8, s + j, chunk, v.scale);
       pack_value_pairs(v.vc + off, n, d, w.vp.data() + static_cast<int64_t>(j / 2) * d);
     }
-    softmax_rows(s, rows, chunk, static_cast<int>(sh.group), geo.first_pos, key0, nvalid, w);
+    softmax_rows(s, rows, chunk, static_cast<int>(sh.group), geo.first_pos, key0, nvalid,
+                 sh.window, w);
     const int npairs = (nvalid + 1) / 2, n2 = 2 * npairs, ps = chunk / 2;
     uint16_t* p16 = reinterpret_cast<uint16_t*>(w.pp.data());
     for (int r = 0; r < rows; ++r) {  // P as bfloat16 [row][key]: pairs of keys in a uint32
@@ -211,8 +212,8 @@ void attend_packed(const Item& it, const Shapes& sh, const View<bf16>& v, Scratc
   std::fill(w.l.begin(), w.l.begin() + rp, 0.f);
   const int64_t head_off = it.kv_head * sh.cache_head_stride;
   float* st = w.s.data();
-  for (int64_t key0 = 0; key0 < geo.nkeys; key0 += chunk) {
-    const int nvalid = static_cast<int>(std::min<int64_t>(chunk, geo.nkeys - key0));
+  for (int64_t key0 = geo.key_begin; key0 < geo.key_end; key0 += chunk) {
+    const int nvalid = static_cast<int>(std::min<int64_t>(chunk, geo.key_end - key0));
     const int npairs = (nvalid + 1) / 2;
     for (int j = 0; j < nvalid; j += bs) {  // one pool block at a time
       const int64_t off = geo.table[(key0 + j) / bs] * sh.cache_block_stride + head_off;
@@ -226,7 +227,7 @@ void attend_packed(const Item& it, const Shapes& sh, const View<bf16>& v, Scratc
       }
       pack_value_pairs(v.vc + off, n, d, w.vp.data() + static_cast<int64_t>(j / 2) * d);
     }
-    softmax_columns(st, rp, g, rows, geo.first_pos, key0, nvalid, w);
+    softmax_columns(st, rp, g, rows, geo.first_pos, key0, nvalid, sh.window, w);
     for (int p = 0; p < npairs; ++p) {  // P as pairs of keys, bfloat16
       const float* s0 = st + 2 * p * rp;
       const bool odd = 2 * p + 1 == nvalid;

@@ -8,22 +8,29 @@ namespace hermes_native {
 #if defined(__AVX512F__)
 
 // Online-softmax update down the columns of st [nvalid][rp] (16 rows per vector).
+// Keys before a row's window (window > 0) are masked too; a row with no visible key yet keeps
+// its empty accumulator.
 void softmax_columns(float* st, int rp, int g, int rows, int64_t first_pos, int64_t key0,
-                     int nvalid, Scratch& w) {
+                     int nvalid, int64_t window, Scratch& w) {
   for (int b = 0; b < rp; b += 16) {
-    vi16 lim;  // keys [0, lim) of this chunk are visible to the row; padding rows see all
-    for (int i = 0; i < 16; ++i)
-      lim[i] = b + i < rows ? static_cast<int32_t>(first_pos + (b + i) / g + 1 - key0)
-                            : nvalid;
-    const int mask_from = std::max(0, std::min(nvalid, static_cast<int>(first_pos + 1 -
-                                                                         key0)));
+    vi16 lim, lo;  // keys [lo, lim) of this chunk are visible to the row; padding rows: all
+    for (int i = 0; i < 16; ++i) {
+      const int64_t pos = first_pos + (b + i) / g;
+      lim[i] = b + i < rows ? static_cast<int32_t>(pos + 1 - key0) : nvalid;
+      lo[i] = b + i < rows && window > 0
+                  ? static_cast<int32_t>(std::max<int64_t>(pos - window + 1 - key0, -1))
+                  : -1;
+    }
+    const int mask_from =
+        window > 0 ? 0
+                   : std::max(0, std::min(nvalid, static_cast<int>(first_pos + 1 - key0)));
     vf16 mx = splat<vf16>(NEG_INF);
     for (int j = 0; j < nvalid; ++j) {
       vf16 x;
       std::memcpy(&x, st + j * rp + b, sizeof x);
       if (j >= mask_from) {
         const vi16 key = {};
-        x = (key + j) >= lim ? splat<vf16>(NEG_INF) : x;
+        x = ((key + j) >= lim) | ((key + j) < lo) ? splat<vf16>(NEG_INF) : x;
         std::memcpy(st + j * rp + b, &x, sizeof x);
       }
       mx = x > mx ? x : mx;
@@ -32,15 +39,17 @@ void softmax_columns(float* st, int rp, int g, int rows, int64_t first_pos, int6
     std::memcpy(&m_old, &w.m[b], sizeof m_old);
     std::memcpy(&l, &w.l[b], sizeof l);
     const vf16 m_new = mx > m_old ? mx : m_old;
+    // rows with nothing visible yet: subtract 0, so that their -inf scores give 0, not NaN
+    const vf16 ref = m_new == splat<vf16>(NEG_INF) ? splat<vf16>(0.f) : m_new;
     vf16 sum = {};
     for (int j = 0; j < nvalid; ++j) {
       vf16 x;
       std::memcpy(&x, st + j * rp + b, sizeof x);
-      x = exp_neg<vf16, vi16>(x - m_new);
+      x = exp_neg<vf16, vi16>(x - ref);
       std::memcpy(st + j * rp + b, &x, sizeof x);
       sum += x;
     }
-    const vf16 a = exp_neg<vf16, vi16>(m_old - m_new);  // 0 at first (m_old = -inf)
+    const vf16 a = exp_neg<vf16, vi16>(m_old - ref);  // 0 at first (m_old = -inf)
     l = l * a + sum;
     std::memcpy(&w.alpha[b], &a, sizeof a);
     std::memcpy(&w.l[b], &l, sizeof l);
@@ -120,8 +129,8 @@ void attend_columns(const Item& it, const Shapes& sh, const View<float>& v, Scra
   std::fill(w.l.begin(), w.l.begin() + rp, 0.f);
   const int64_t head_off = it.kv_head * sh.cache_head_stride;
   float* st = w.s.data();
-  for (int64_t key0 = 0; key0 < geo.nkeys; key0 += chunk) {
-    const int nvalid = static_cast<int>(std::min<int64_t>(chunk, geo.nkeys - key0));
+  for (int64_t key0 = geo.key_begin; key0 < geo.key_end; key0 += chunk) {
+    const int nvalid = static_cast<int>(std::min<int64_t>(chunk, geo.key_end - key0));
     for (int j = 0; j < nvalid; j += bs) {
       const float* k = v.kc + geo.table[(key0 + j) / bs] * sh.cache_block_stride + head_off;
       const int n = std::min(bs, nvalid - j);
@@ -132,7 +141,7 @@ void attend_columns(const Item& it, const Shapes& sh, const View<float>& v, Scra
         default: qk_columns_keys<3>(w.qt.data(), rp, k, n, d, sj, v.scale); break;
       }
     }
-    softmax_columns(st, rp, g, rows, geo.first_pos, key0, nvalid, w);
+    softmax_columns(st, rp, g, rows, geo.first_pos, key0, nvalid, sh.window, w);
     for (int j = 0; j < nvalid; j += bs) {
       const float* vb = v.vc + geo.table[(key0 + j) / bs] * sh.cache_block_stride + head_off;
       const int n = std::min(bs, nvalid - j);

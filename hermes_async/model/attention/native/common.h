@@ -138,7 +138,16 @@ struct Item {
 struct Shapes {
   int64_t heads, kv_heads, group, d, block_size, chunk, rows_chunk, table_width;
   int64_t q_tok_stride, cache_block_stride, cache_head_stride;
+  int64_t window;  // sliding window: a query at p sees keys (p - window, p]; 0: all
 };
+
+// The first key any row from first_pos on can see, rounded down to its pool block (keys are
+// walked block by block; the softmax masks the rest of that block).
+inline int64_t window_start(int64_t first_pos, const Shapes& sh) {
+  if (sh.window <= 0) return 0;
+  const int64_t lo = std::max<int64_t>(0, first_pos - sh.window + 1);
+  return lo / sh.block_size * sh.block_size;
+}
 
 // Per-thread buffers, sized for the largest item.
 struct Scratch {
@@ -176,14 +185,14 @@ template <typename T>
 struct Geometry {  // one item's rows and keys
   int rows;
   int64_t first_tok, first_pos, nkeys;
-  int64_t key_begin, key_end;  // the keys this item walks: [0, nkeys) unless split
+  int64_t key_begin, key_end;  // the keys this item walks: [window start, nkeys) unless split
   const int32_t* table;
   Geometry(const Item& it, const Shapes& sh, const View<T>& v)
       : rows(it.tile_len * static_cast<int>(sh.group)),
         first_tok(v.qsl[it.seq] + it.tile_start),
         first_pos(v.lens[it.seq] - (v.qsl[it.seq + 1] - v.qsl[it.seq]) + it.tile_start),
         nkeys(first_pos + it.tile_len),
-        key_begin(it.key_begin),
+        key_begin(std::max(it.key_begin, window_start(first_pos, sh))),
         key_end(std::min(nkeys, it.key_end)),
         table(v.tables + static_cast<int64_t>(it.seq) * sh.table_width) {}
   const T* q_row(const View<T>& v, const Item& it, const Shapes& sh, int r) const {

@@ -6,11 +6,13 @@
 //       key/value [T, kv_heads, d] into slot slot_mapping[t] = block * block_size + offset
 //       (negative slots are skipped).
 //   paged_attention(out, query, key_cache, value_cache, query_start_loc, seq_lens,
-//                   block_table, scale)
+//                   block_table, scale, window=0)
 //       one whole mixed step: sequence b owns query rows [query_start_loc[b],
 //       query_start_loc[b + 1]); its context is seq_lens[b] tokens, the new ones last, so
 //       new token i sits at position seq_lens[b] - n_new + i and attends causally to keys
-//       0..position through block_table[b]. GQA: query head h reads kv head h / (H / KVH).
+//       0..position through block_table[b] (with window > 0: only keys after
+//       position - window, as a sliding-window layer). GQA: query head h reads kv head
+//       h / (H / KVH).
 //
 // Work is split into items (sequence, kv head, tile of new tokens); an item's rows are the
 // tile's tokens x the kv head's query heads, and it walks the context with an online softmax
@@ -127,7 +129,7 @@ void check_index(const at::Tensor& t, int64_t dims, const char* name) {
 void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& query_start_loc,
                      const at::Tensor& seq_lens, const at::Tensor& block_table,
-                     double scale) {
+                     double scale, int64_t window) {
   TORCH_CHECK(query.dim() == 3 && query.is_contiguous() && query.device().is_cpu(),
               "query must be a contiguous CPU tensor [tokens, heads, head_dim]");
   TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous() &&
@@ -160,8 +162,9 @@ void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& 
   const int64_t tile = std::max<int64_t>(1, TILE_ROWS / group);
   const int64_t chunk = std::max<int64_t>(1, CHUNK / bs) * bs;
   const int64_t rows_chunk = std::max<int64_t>(1, ROWS_CHUNK / bs) * bs;
+  TORCH_CHECK(window >= 0, "window must be 0 (none) or positive, not ", window);
   Shapes sh{heads, kv_heads, group, d, bs, chunk, rows_chunk, block_table.size(1), heads * d,
-            key_cache.stride(0), key_cache.stride(1)};
+            key_cache.stride(0), key_cache.stride(1), window};
   std::vector<Item> items;
   int64_t max_rows = group;
   for (int64_t b = 0; b < nseq; ++b) {
@@ -250,7 +253,8 @@ TORCH_LIBRARY(hermes_native, m) {
   m.def("write_kv(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
         "Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
-        "Tensor query_start_loc, Tensor seq_lens, Tensor block_table, float scale) -> ()");
+        "Tensor query_start_loc, Tensor seq_lens, Tensor block_table, float scale, "
+        "int window=0) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
   m.def("gemv_supported() -> bool", &gemv_supported);
   m.def("pack_for_gemv(Tensor weight) -> Tensor", &pack_for_gemv);

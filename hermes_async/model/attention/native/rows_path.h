@@ -116,20 +116,31 @@ void widen(const T* src, int n, int d, float* buf) {
 }
 
 // s becomes the probabilities, alpha the rescale of each row's accumulator.
+// Keys before a row's window (window > 0) are masked too; a row with no visible key yet keeps
+// its empty accumulator (probabilities 0, rescale 1).
 void softmax_rows(float* s, int rows, int lds, int g, int64_t first_pos, int64_t key0,
-                  int nvalid, Scratch& w) {
+                  int nvalid, int64_t window, Scratch& w) {
   const int n8 = (nvalid + VL - 1) / VL * VL;
   for (int r = 0; r < rows; ++r) {
     float* sr = s + r * lds;
     const int64_t pos = first_pos + r / g;
     const int lim = static_cast<int>(std::clamp<int64_t>(pos + 1 - key0, 0, nvalid));
     for (int j = lim; j < n8; ++j) sr[j] = NEG_INF;
+    if (window > 0) {
+      const int lo = static_cast<int>(std::clamp<int64_t>(pos - window + 1 - key0, 0, lim));
+      for (int j = 0; j < lo; ++j) sr[j] = NEG_INF;
+    }
     vf mx = splat<vf>(NEG_INF);
     for (int j = 0; j < n8; j += VL) {
       const vf x = load(sr + j);
       mx = x > mx ? x : mx;
     }
     const float m_old = w.m[r], m_new = std::max(m_old, hmax(mx));
+    if (m_new == NEG_INF) {  // nothing visible to this row so far
+      for (int j = 0; j < n8; ++j) sr[j] = 0.f;
+      w.alpha[r] = 1.f;
+      continue;
+    }
     const vf mv = splat<vf>(m_new);
     vf sum = {};
     for (int j = 0; j < n8; j += VL) {
@@ -179,7 +190,8 @@ void attend_rows(const Item& it, const Shapes& sh, const View<T>& v, Scratch& w)
         qk_block(w.q.data(), rows, kp, d, n8, s + j, chunk);
       }
     }
-    softmax_rows(s, rows, chunk, static_cast<int>(sh.group), geo.first_pos, key0, nvalid, w);
+    softmax_rows(s, rows, chunk, static_cast<int>(sh.group), geo.first_pos, key0, nvalid,
+                 sh.window, w);
     for (int j = 0; j < nvalid; j += bs) {  // values, rescaling the accumulators once
       const int n = std::min(bs, nvalid - j);
       const T* vp = v.vc + geo.table[(key0 + j) / bs] * sh.cache_block_stride + head_off;

@@ -29,15 +29,16 @@ inline std::vector<SplitGroup> split_decodes(std::vector<Item>& items, const Sha
   int32_t slot = 0;
   for (const Item& it : items) {
     const int64_t keys = lens[it.seq];  // a one-token item attends to the whole context
-    int64_t part_keys = (keys + per_item - 1) / per_item;
+    const int64_t start = window_start(keys - 1, sh);  // or to its window of it
+    int64_t part_keys = (keys - start + per_item - 1) / per_item;
     part_keys = std::max(MIN_PART_KEYS, (part_keys + sh.rows_chunk - 1) / sh.rows_chunk *
                                             sh.rows_chunk);
-    if (it.tile_len != 1 || it.tile_start != 0 || part_keys >= keys) {
+    if (it.tile_len != 1 || it.tile_start != 0 || part_keys >= keys - start) {
       out.push_back(it);
       continue;
     }
     const int32_t first = slot;
-    for (int64_t k0 = 0; k0 < keys; k0 += part_keys) {
+    for (int64_t k0 = start; k0 < keys; k0 += part_keys) {
       Item p = it;
       p.key_begin = k0;
       p.key_end = std::min(keys, k0 + part_keys);

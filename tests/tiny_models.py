@@ -27,8 +27,8 @@ COMMON = dict(
 
 
 ARCHS = ("llama", "qwen2", "mistral", "qwen3", "granite", "olmo2", "smollm3", "seed_oss",
-         "gemma3", "qwen3_moe", "phi3")
-WINDOWED_ARCHS = ("mistral", "gemma3")  # tiny models with sliding-window layers
+         "gemma3", "qwen3_moe", "phi3", "gemma3_mm")
+WINDOWED_ARCHS = ("mistral", "gemma3", "gemma3_mm")  # tiny models with sliding-window layers
 
 
 def _family_model(arch: str, common: dict):
@@ -64,6 +64,13 @@ def _family_model(arch: str, common: dict):
                                 moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
                                 decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=True)
         return tf.Qwen3MoeForCausalLM(cfg)
+    if arch == "gemma3_mm":  # the image-text wrapper with a one-layer vision tower
+        text = dict(common, sliding_window=40, query_pre_attn_scalar=24,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, image_size=28, patch_size=14)
+        cfg = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+        return tf.Gemma3ForConditionalGeneration(cfg)
     if arch == "gemma3":
         cfg = tf.Gemma3TextConfig(
             **common, tie_word_embeddings=True, sliding_window=40, query_pre_attn_scalar=24,
@@ -104,7 +111,7 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0,
             if p.dim() >= 2:  # matrices, and stacked experts
                 p.normal_(0, 0.15)
             elif "norm" in name:  # Gemma's (1 + w): w itself around 0
-                p.uniform_(-0.5, 0.5) if arch == "gemma3" else p.uniform_(0.5, 1.5)
+                p.uniform_(-0.5, 0.5) if arch.startswith("gemma3") else p.uniform_(0.5, 1.5)
             else:  # biases
                 p.normal_(0, 0.5)
     model.save_pretrained(path)

@@ -117,6 +117,8 @@ def read_spec(model_dir: Path) -> ModelSpec:
         cfg = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     except Exception as e:  # transformers raises many types for a bad config
         raise ModelLoadError(f"transformers cannot parse {config_path}: {e}") from e
+    if family.text_config:  # a multimodal wrapper: its language model's part
+        cfg = cfg.text_config
     activation = ACTIVATIONS.get(getattr(cfg, "hidden_act", None) or
                                  getattr(cfg, "hidden_activation", "silu"))
     if activation is None:

@@ -26,7 +26,7 @@ from hermes_async.model.families.base import Family, TensorNames
 
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, granite.FAMILY, olmo2.FAMILY,
-    smollm3.FAMILY, seed_oss.FAMILY, gemma3.FAMILY, qwen3_moe.FAMILY,
+    smollm3.FAMILY, seed_oss.FAMILY, gemma3.FAMILY, gemma3.MULTIMODAL, qwen3_moe.FAMILY,
     phi3.FAMILY,
 )
 

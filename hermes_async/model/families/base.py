@@ -52,3 +52,5 @@ class Family:
     names: TensorNames = field(default_factory=TensorNames)
     # added to every RMSNorm weight at load: 1.0 where the checkpoint stores w of (1 + w)
     norm_weight_offset: float = 0.0
+    # a multimodal wrapper: the decoder's config is ``text_config`` (its names: ``names``)
+    text_config: bool = False

@@ -1,8 +1,11 @@
-"""Gemma 3 (text; the 1B checkpoint's ``Gemma3ForCausalLM``): RMSNorm as ``(1 + w)`` (folded
-into the weights at load), pre- and post-norms around attention and the MLP (sandwich), q/k
-RMSNorm per head, a GELU-tanh gated MLP, embeddings scaled by ``sqrt(hidden_size)``,
+"""Gemma 3 (``Gemma3ForCausalLM``; the text part of ``Gemma3ForConditionalGeneration``).
+
+RMSNorm as ``(1 + w)`` (folded into the weights at load), pre- and post-norms around attention
+and the MLP (sandwich), q/k RMSNorm per head, a GELU-tanh gated MLP, embeddings scaled by ``sqrt(hidden_size)``,
 ``query_pre_attn_scalar ** -0.5`` as the softmax scale, and local (sliding) layers with their
 own RoPE base beside the global ones."""
+
+import dataclasses
 
 from hermes_async.model.families.base import Family, TensorNames
 from hermes_async.model.spec import ModelLoadError, rope_for_layer_type, windows_from_layer_types
@@ -24,8 +27,15 @@ def options(cfg: object) -> dict[str, object]:
     }
 
 
-FAMILY = Family("gemma3", ("Gemma3ForCausalLM",), options,
-                TensorNames(mlp_norm="pre_feedforward_layernorm.weight",
-                            attn_out_norm="post_attention_layernorm.weight",
-                            mlp_out_norm="post_feedforward_layernorm.weight"),
-                norm_weight_offset=1.0)
+NAMES = TensorNames(mlp_norm="pre_feedforward_layernorm.weight",
+                    attn_out_norm="post_attention_layernorm.weight",
+                    mlp_out_norm="post_feedforward_layernorm.weight")
+FAMILY = Family("gemma3", ("Gemma3ForCausalLM",), options, NAMES, norm_weight_offset=1.0)
+# Gemma 3 4B and larger: the image-text checkpoint; its text part is served (the vision
+# tower's tensors are not read), the decoder's tensors under ``language_model.``
+MULTIMODAL = Family("gemma3", ("Gemma3ForConditionalGeneration",), options,
+                    dataclasses.replace(NAMES, embed="language_model.model.embed_tokens.weight",
+                                        final_norm="language_model.model.norm.weight",
+                                        lm_head="language_model.lm_head.weight",
+                                        layer="language_model.model.layers.{i}."),
+                    norm_weight_offset=1.0, text_config=True)

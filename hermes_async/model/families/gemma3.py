@@ -1,9 +1,9 @@
 """Gemma 3 (``Gemma3ForCausalLM``; the text part of ``Gemma3ForConditionalGeneration``).
 
 RMSNorm as ``(1 + w)`` (folded into the weights at load), pre- and post-norms around attention
-and the MLP (sandwich), q/k RMSNorm per head, a GELU-tanh gated MLP, embeddings scaled by ``sqrt(hidden_size)``,
-``query_pre_attn_scalar ** -0.5`` as the softmax scale, and local (sliding) layers with their
-own RoPE base beside the global ones."""
+and the MLP (sandwich), q/k RMSNorm per head, a GELU-tanh gated MLP, embeddings scaled by
+``sqrt(hidden_size)``, ``query_pre_attn_scalar ** -0.5`` as the softmax scale, and local
+(sliding) layers with their own RoPE base beside the global ones."""
 
 import dataclasses
 

@@ -98,7 +98,8 @@ def trend_checks(verdict: Verdict, samples: list[dict[str, Any]], bounds: Bounds
     """(1) no series trends up after warm-up: RSS, open fds, server-loop tasks."""
     for name in ("rss_mb", "fds", "tasks", "threads"):
         ts, ys = series(samples, name, ("soak",))
-        full_window_min = (ts[-1] - ts[0]) / 60 if ts else 0.0
+        window_min = (ts[-1] - ts[0]) / 60 if ts else 0.0
+        first = ys[0] if ys else 0.0
         if name == "rss_mb":  # the slope where the caches levelled off, over the whole window
             ts, ys = plateau_window(ts, ys)
         if len(ts) < 3:
@@ -106,14 +107,13 @@ def trend_checks(verdict: Verdict, samples: list[dict[str, Any]], bounds: Bounds
                 verdict.add(f"trend {name}", True, "not sampled (skipped)")
             continue
         per_min = slope(ts, ys) * 60
-        window_min = full_window_min
         growth = per_min * window_min
         verdict.trends[name] = {"slope_per_min": per_min, "growth": growth,
-                                "window_min": window_min, "start": ys[0]}
+                                "window_min": window_min, "start": first}
         if name == "threads":
             continue  # reported, not checked: executors grow threads lazily up to a bound
         if name == "rss_mb":
-            start = series(samples, name, ("soak",))[1][0]
+            start = first
             bad = per_min > bounds.rss_slope_mb_min and growth > bounds.rss_growth_frac * start
             detail = (f"{per_min:+.1f} MiB/min, {growth:+.0f} MiB over {window_min:.1f} min "
                       f"({100 * growth / start:+.1f}%; fails past {bounds.rss_slope_mb_min} "

@@ -7,13 +7,11 @@ from __future__ import annotations
 import torch
 
 from hermes_async.config import CacheConfig, ModelConfig
-from hermes_async.model.attention import ProbeSettings, select_backend
+from hermes_async.model.attention import select_for_config
 from hermes_async.model.cpu_features import current
 from hermes_async.model.default_model import resolve_model_path
 from hermes_async.model.dtype import resolve_dtype
-from hermes_async.model.kernels.paths import LAYER_OP
 from hermes_async.model.kernels.shapes import ProbeShapes
-from hermes_async.model.kv_pool import derive_block_size
 from hermes_async.model.loader import DTYPES
 from hermes_async.model.runner import resolve_device
 from hermes_async.model.spec import read_spec
@@ -27,21 +25,14 @@ def kernel_report(model: ModelConfig, cache: CacheConfig, *, fresh: bool = False
     spec = read_spec(model_dir)
     device = resolve_device(model.device)
     dtype_name, dtype_reason = resolve_dtype(model.dtype, device)
-    derived = derive_block_size(spec.num_kv_heads, spec.head_dim)
-    choice = select_backend(model.attention_backend, spec, cache.block_size or derived,
-                            DTYPES[dtype_name], device,
-                            block_size_configured=cache.block_size is not None,
-                            probe=ProbeSettings(model.kernel_probe_timeout_s, fresh=fresh))
-    parts = sorted(choice.layer_op_parts)
+    choice = select_for_config(model, cache, spec, DTYPES[dtype_name], device, fresh=fresh)
     features = current()
     shapes = ProbeShapes.from_spec(spec, choice.block_size, dtype_name, torch.get_num_threads())
     return {
         "cpu_kind": features.kind, "cpu_flags": features.summary(), "torch": torch.__version__,
         "model": f"{model_dir} ({spec.architecture}); dtype {dtype_reason}",
         "shapes": shapes.describe(),
-        "verdicts": [{"kind": v.kind, "name": v.name, "ok": v.ok, "reason": v.reason,
-                      "cached": v.cached, "seconds": v.seconds} for v in choice.verdicts],
+        "verdicts": [{**v.to_json(), "cached": v.cached} for v in choice.verdicts],
         "attention": choice.reason,
-        "layer_ops": "+".join(p for p in parts) or "torch",
-        "layer_ops_refused": [v.name for v in choice.verdicts if v.kind == LAYER_OP and not v.ok],
+        "layer_ops": "+".join(sorted(choice.layer_op_parts)) or "torch",
     }

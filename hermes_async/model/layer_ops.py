@@ -21,7 +21,12 @@ from hermes_async.model.spec import ModelSpec
 class TorchLayerOps:
     """Plain torch; rotary tables computed per step from the positions."""
 
-    name = "torch"
+    parts: tuple[str, ...] = ()  # the fast kernel families in use (subclasses)
+
+    @property
+    def name(self) -> str:
+        """The kernel families in use, ``+``-joined (``torch`` for none)."""
+        return "+".join(self.parts) or "torch"
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -131,10 +136,6 @@ class VllmCpuLayerOps(TorchLayerOps):
                 self.cos_sin.append(torch.cat(((freqs.cos() * scaling),
                                                (freqs.sin() * scaling)), dim=-1).to(dtype))
 
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return "+".join(self.parts) or "torch"
-
     def linear(self, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
         packed = self._linears.get(weight.data_ptr())
@@ -177,15 +178,17 @@ class VllmCpuLayerOps(TorchLayerOps):
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if not self.fused:
             return super().gelu_tanh_mul(gate_up)
-        out = torch.empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2, dtype=gate_up.dtype,
-                          device=gate_up.device)
-        self.ops.gelu_tanh_and_mul(out, gate_up.contiguous())  # type: ignore[attr-defined]
-        return out
+        return gated(self.ops.gelu_tanh_and_mul, gate_up)  # type: ignore[attr-defined]
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if not self.fused:
             return super().silu_mul(gate_up)
-        out = torch.empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2, dtype=gate_up.dtype,
-                          device=gate_up.device)
-        self.ops.silu_and_mul(out, gate_up.contiguous())  # type: ignore[attr-defined]
-        return out
+        return gated(self.ops.silu_and_mul, gate_up)  # type: ignore[attr-defined]
+
+
+def gated(kernel: object, gate_up: torch.Tensor) -> torch.Tensor:
+    """``kernel(out, gate_up)`` of a gated-activation op into a fresh ``[..., I]`` output."""
+    out = torch.empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2, dtype=gate_up.dtype,
+                      device=gate_up.device)
+    kernel(out, gate_up.contiguous())  # type: ignore[operator]
+    return out

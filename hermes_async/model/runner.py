@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 
 from hermes_async.config import CacheConfig, ModelConfig
-from hermes_async.model.attention import ProbeSettings, select_backend
+from hermes_async.model.attention import select_for_config
 from hermes_async.model.dtype import resolve_dtype
 from hermes_async.model.host_memory import keep_freed_memory
 from hermes_async.model.kernels.paths import LAYER_OP
-from hermes_async.model.kv_pool import KVPool, derive_block_size, plan_num_blocks
+from hermes_async.model.kv_pool import KVPool, plan_num_blocks
 from hermes_async.model.loader import DTYPES, load_model
 from hermes_async.model.slots import positions_and_slots
 from hermes_async.step import SequenceStep
@@ -61,14 +61,8 @@ class ModelRunner:
         self.model_dir = Path(model_dir)
         self.model = load_model(self.model_dir, self.dtype_name, self.device)
         spec = self.spec = self.model.spec
-        derived = derive_block_size(spec.num_kv_heads, spec.head_dim)
-        probe = ProbeSettings(self.model_config.kernel_probe_timeout_s,
-                              fresh=self.model_config.kernel_probe == "fresh")
-        choice = select_backend(self.model_config.attention_backend, spec,
-                                self.cache_config.block_size or derived, self.dtype,
-                                self.device,
-                                block_size_configured=self.cache_config.block_size is not None,
-                                probe=probe)
+        choice = select_for_config(self.model_config, self.cache_config, spec, self.dtype,
+                                   self.device)
         self.attention, self.attention_reason = choice.backend, choice.reason
         self.block_size = choice.block_size
         self.kernel_verdicts = choice.verdicts

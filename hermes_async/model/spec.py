@@ -119,10 +119,11 @@ def read_spec(model_dir: Path) -> ModelSpec:
         raise ModelLoadError(f"transformers cannot parse {config_path}: {e}") from e
     if family.text_config:  # a multimodal wrapper: its language model's part
         cfg = cfg.text_config
-    activation = ACTIVATIONS.get(getattr(cfg, "hidden_act", None) or
-                                 getattr(cfg, "hidden_activation", "silu"))
+    act_name = (getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None)
+                or "silu")
+    activation = ACTIVATIONS.get(act_name)
     if activation is None:
-        raise ModelLoadError(f"{arch}: hidden_act {cfg.hidden_act!r} unsupported "
+        raise ModelLoadError(f"{arch}: hidden_act {act_name!r} unsupported "
                              f"(one of {', '.join(ACTIVATIONS)})")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     inv_freq, scaling = _rope(cfg, arch)
@@ -170,37 +171,35 @@ def rope_for_layer_type(cfg: object, layer_type: str) -> tuple[torch.Tensor, flo
     """The RoPE table of one layer type where ``rope_parameters`` is keyed by layer type
     (Gemma 3: ``full_attention`` and ``sliding_attention`` with their own bases)."""
     params = cfg.rope_parameters[layer_type]  # type: ignore[attr-defined]
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads  # type: ignore[attr-defined]
-        inv = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-        return inv, 1.0
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    if rope_type not in ROPE_INIT_FUNCTIONS:
-        raise ModelLoadError(f"unknown rope_type {rope_type!r} for {layer_type} layers")
-    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"), layer_type=layer_type)
-    return inv.float(), float(scaling)
+    return _rope_table(cfg, params, f"{layer_type} layers", layer_type)
 
 
 def _rope(cfg: object, arch: str) -> tuple[torch.Tensor, float]:
     params = dict(getattr(cfg, "rope_parameters", None) or {})
     if "full_attention" in params:  # keyed by layer type: the family reads the others
         return rope_for_layer_type(cfg, "full_attention")
+    return _rope_table(cfg, params, arch)
+
+
+def _rope_table(cfg: object, params: dict, what: str,
+                layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """``(inv_freq, attention scaling)`` of one set of RoPE parameters: the default formula,
+    else transformers' RoPE functions (llama3, yarn, linear, ...; per layer type where the
+    config keys them so)."""
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         theta = params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        partial = params.get("partial_rotary_factor", 1.0)
-        if partial != 1.0:
-            raise ModelLoadError(f"{arch}: partial rotary embeddings are not supported")
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads  # type: ignore[attr-defined]
+        if params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ModelLoadError(f"{what}: partial rotary embeddings are not supported")
         inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         return inv, 1.0
     if rope_type == "dynamic":
-        raise ModelLoadError(f"{arch}: dynamic NTK rope scaling is not supported")
+        raise ModelLoadError(f"{what}: dynamic NTK rope scaling is not supported")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
-        raise ModelLoadError(f"{arch}: unknown rope_type {rope_type!r}")
-    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"))
+        raise ModelLoadError(f"{what}: unknown rope_type {rope_type!r}")
+    extra = {} if layer_type is None else {"layer_type": layer_type}
+    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"), **extra)
     return inv.float(), float(scaling)

@@ -73,8 +73,12 @@ def test_verdicts_are_cached_and_a_changed_library_is_probed_again(tmp_path):
     assert first.ok and not first.cached
     again = admit([path], shapes, "avx2", store=store)["fake-honest"]
     assert again.ok and again.cached and again.reason == first.reason
+    # a new start (a new store) finds the library's digest by path, size and mtime: same key
+    restarted = VerdictStore(tmp_path / "verdicts")
+    assert restarted.key(path, shapes, "avx2") == store.key(path, shapes, "avx2")
+    assert (tmp_path / "verdicts" / "digests.json").is_file()
     assert not admit([path], shapes, "avx2 avx512f", store=store)["fake-honest"].cached
-    lib.write_bytes(b"two")  # a rebuilt library
+    lib.write_bytes(b"rebuilt")  # a rebuilt library
     assert not admit([path], shapes, "avx2", store=store)["fake-honest"].cached
     assert admit([path], shapes, "avx2", store=store, fresh=True)["fake-honest"].cached is False
 

@@ -17,13 +17,13 @@ admitted layer ops. A single named backend that cannot run raises.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model import cpu_features
 from hermes_async.model.attention.base import (
     AttentionBackend,
@@ -38,9 +38,8 @@ from hermes_async.model.kernels.admission import DEFAULT_TIMEOUT_S, admit
 from hermes_async.model.kernels.paths import KernelPath, Verdict, resolve
 from hermes_async.model.kernels.shapes import ProbeShapes
 from hermes_async.model.kernels.store import VerdictStore
+from hermes_async.model.kv_pool import derive_block_size
 from hermes_async.model.spec import ModelSpec
-
-log = logging.getLogger("hermes_async.model")
 
 BACKENDS = ("auto", "torch", "vllm-cpu", "native-cpu", "flashinfer")
 BACKEND_CLASSES = {
@@ -52,7 +51,7 @@ BACKEND_CLASSES = {
 
 __all__ = ["BACKENDS", "AttentionBackend", "AttentionPlan", "BackendChoice", "BackendUnavailable",
            "KVLayout", "Ordering", "ProbeSettings", "TorchBackend", "auto_order",
-           "select_backend"]
+           "select_backend", "select_for_config"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,12 @@ class _Candidate:
     cls: type[AttentionBackend]
     path: str
     block_size: int
+    kernel: KernelPath | None = None  # its attention probe (None: the reference, unprobed)
+    layer_ops: tuple[KernelPath, ...] = ()  # the fast layer ops it brings, to probe
+
+    def key(self, path: KernelPath) -> str:
+        """The verdict of ``path`` among :func:`_probe`'s (probed per block size)."""
+        return f"{self.block_size}/{path.name}"
 
 
 def backend_block_size(name: str, block_size: int, configured: bool, path: str = "") -> int:
@@ -142,6 +147,7 @@ def _candidates(entries: Sequence[str], spec: ModelSpec, block_size: int, dtype:
             cls, path = resolve_entry(entry)
             paths = ((path,) if path is not None
                      else cls.code_paths(features, dtype, spec.head_dim))
+            layer_ops = tuple(cls.layer_op_paths()) if cls.needs_probe else ()
             made = []
             for p in paths:
                 bs = backend_block_size(cls.name, block_size, configured, p)
@@ -150,7 +156,9 @@ def _candidates(entries: Sequence[str], spec: ModelSpec, block_size: int, dtype:
                         raise BackendUnavailable("runs on the CPU only")
                     cls.check(bs, spec.num_heads, spec.num_kv_heads, spec.head_dim, dtype,
                               spec.sliding_windows)
-                made.append(_Candidate(f"{cls.name}:{p}" if p else cls.name, cls, p, bs))
+                made.append(_Candidate(f"{cls.name}:{p}" if p else cls.name, cls, p, bs,
+                                       cls.kernel_path(p) if cls.needs_probe else None,
+                                       layer_ops))
         except (BackendUnavailable, ImportError, OSError) as e:
             skipped.append(f"{entry} unavailable: {e}")
             continue
@@ -166,11 +174,11 @@ def _probe(candidates: Sequence[_Candidate], spec: ModelSpec, dtype: torch.dtype
     verdicts: dict[str, Verdict] = {}
     by_block: dict[int, list[KernelPath]] = {}
     for c in candidates:
-        if not c.cls.needs_probe:
+        if c.kernel is None:
             continue
         paths = by_block.setdefault(c.block_size, [])
-        paths.append(c.cls.kernel_path(c.path))
-        paths.extend(p for p in c.cls.layer_op_paths() if p.name not in {q.name for q in paths})
+        names = {q.name for q in paths}
+        paths.extend(p for p in (c.kernel, *c.layer_ops) if p.name not in names)
     for bs, paths in by_block.items():
         shapes = ProbeShapes.from_spec(spec, bs, dtype_name, torch.get_num_threads())
         found = admit(paths, shapes, " ".join(sorted(features.flags)),
@@ -202,23 +210,33 @@ def select_backend(name: str, spec: ModelSpec, block_size: int, dtype: torch.dty
                              block_size_configured, skipped)
     verdicts = _probe(candidates, spec, dtype, features, settings)
     for c in candidates:
-        key = f"{c.block_size}/{c.cls.kernel_path(c.path).name}"
-        if c.cls.needs_probe and not verdicts[key].ok:
-            skipped.append(f"{c.label} refused: {verdicts[key].reason}")
+        if c.kernel is not None and not verdicts[c.key(c.kernel)].ok:
+            skipped.append(f"{c.label} refused: {verdicts[c.key(c.kernel)].reason}")
             continue
         try:
             backend = _construct(c, spec, dtype, device)
         except (BackendUnavailable, ImportError, OSError) as e:
             skipped.append(f"{c.label} unavailable: {e}")
             continue
-        parts = frozenset(p.name for p in c.cls.layer_op_paths()
-                          if verdicts[f"{c.block_size}/{p.name}"].ok) if c.cls.needs_probe \
-            else frozenset()
+        parts = frozenset(p.name for p in c.layer_ops if verdicts[c.key(p)].ok)
         how = "auto" if auto else "configured"
         reason = f"{c.label} ({how}: {'; '.join(skipped)})" if skipped else f"{c.label} ({how})"
         return BackendChoice(backend, reason, c.block_size, parts, tuple(verdicts.values()))
     raise BackendUnavailable(f"no attention backend of {name!r} can run here: "
                              f"{'; '.join(skipped)}")
+
+
+def select_for_config(model: ModelConfig, cache: CacheConfig, spec: ModelSpec,
+                      dtype: torch.dtype, device: torch.device,
+                      fresh: bool | None = None) -> BackendChoice:
+    """:func:`select_backend` as the config asks (``model.attention_backend``, the configured
+    or derived block size, the probe settings); ``fresh`` overrides ``model.kernel_probe``."""
+    derived = derive_block_size(spec.num_kv_heads, spec.head_dim)
+    probe = ProbeSettings(model.kernel_probe_timeout_s,
+                          fresh=model.kernel_probe == "fresh" if fresh is None else fresh)
+    return select_backend(model.attention_backend, spec, cache.block_size or derived, dtype,
+                          device, block_size_configured=cache.block_size is not None,
+                          probe=probe)
 
 
 def auto_order(device: torch.device, dtype: torch.dtype,

@@ -36,7 +36,7 @@ from hermes_async.model.attention.vllm_cpu import (
 )
 from hermes_async.model.attention.vllm_cpu import layer_op_paths as vllm_layer_op_paths
 from hermes_async.model.kernels.paths import LAYER_OP, KernelPath
-from hermes_async.model.layer_ops import TorchLayerOps, VllmCpuLayerOps
+from hermes_async.model.layer_ops import TorchLayerOps, VllmCpuLayerOps, gated
 from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
 
@@ -82,7 +82,7 @@ class NativeOps:
 
     _gemv: dict[int, torch.Tensor]
     _native_silu: bool
-    parts: tuple[str, ...]
+    parts: tuple[str, ...]  # TorchLayerOps' (its ``name`` joins them)
 
     def _use_native(self, dtype: torch.dtype, weights: list[torch.Tensor], *, gemv: bool,
                     silu: bool) -> None:
@@ -95,11 +95,7 @@ class NativeOps:
             self._gemv = {w.data_ptr(): ops.pack_for_gemv(w) for w in weights
                           if w.dim() == 2 and w.shape[0] % 16 == 0 and w.shape[1] % 2 == 0}
         mine = tuple(n for n, on in ((NATIVE_GEMV, bool(self._gemv)), (NATIVE_SILU, silu)) if on)
-        self.parts = mine + tuple(getattr(self, "parts", ()))
-
-    @property
-    def name(self) -> str:
-        return "+".join(self.parts) or "torch"
+        self.parts = mine + self.parts
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,10 +111,7 @@ class NativeOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if not self._native_silu:
             return super().silu_mul(gate_up)  # type: ignore[misc]
-        out = torch.empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2, dtype=gate_up.dtype,
-                          device=gate_up.device)
-        torch.ops.hermes_native.silu_and_mul(out, gate_up.contiguous())
-        return out
+        return gated(torch.ops.hermes_native.silu_and_mul, gate_up)
 
 
 class NativeVllmLayerOps(NativeOps, VllmCpuLayerOps):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hermes_async.model.kernels.paths import KernelPath, Verdict
 from hermes_async.model.kernels.shapes import ProbeShapes
-from hermes_async.model.kernels.store import VerdictStore, verdict_key
+from hermes_async.model.kernels.store import VerdictStore
 
 log = logging.getLogger("hermes_async.model.kernels")
 
@@ -42,7 +42,7 @@ def admit(paths: Sequence[KernelPath], shapes: ProbeShapes, cpu_flags: str, *,
     """A verdict for each of ``paths`` on ``shapes`` (in their order): from the store unless
     ``fresh``, else probed in a child process and stored."""
     store = store or VerdictStore()
-    keys = {p.name: verdict_key(p, shapes, cpu_flags) for p in paths}
+    keys = {p.name: store.key(p, shapes, cpu_flags) for p in paths}
     found: dict[str, Verdict] = {}
     todo = []
     for p in paths:

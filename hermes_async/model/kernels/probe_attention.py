@@ -21,10 +21,10 @@ import torch
 from hermes_async.model.kernels.paths import ProbeReport, resolve
 from hermes_async.model.kernels.shapes import ProbeShapes
 from hermes_async.model.kv_pool import KVPool, KVPoolShape
+from hermes_async.model.loader import DTYPES
 from hermes_async.model.slots import positions_and_slots
 from hermes_async.step import SequenceStep
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # largest |kernel - float64| allowed, relative to max(1, |reference|): the output's rounding and
 # a low-precision P.V product (bf16 keeps 8 bits), far below what a wrong kernel gives (~1)
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 2e-3}

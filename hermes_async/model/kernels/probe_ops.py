@@ -21,8 +21,8 @@ from collections.abc import Iterator
 import torch
 
 from hermes_async.model.kernels.paths import NotApplicable, ProbeReport
-from hermes_async.model.kernels.probe_attention import DTYPES
 from hermes_async.model.kernels.shapes import ProbeShapes
+from hermes_async.model.loader import DTYPES
 
 MAX_PROBE_ELEMENTS = 8 << 20
 # largest |kernel - float64| relative to the reference's largest magnitude: bfloat16 output

@@ -61,14 +61,13 @@ def build_front(config: EngineConfig, vocab_size: int | None = None) -> Front:
     """The tokenizer, chat assembler and grammar compiler of ``config``'s model, without its
     weights (blocking: about a second); ``vocab_size`` defaults to the model config's. The Ray
     Serve ingress assembles and tokenizes with it before routing."""
-    from transformers import AutoTokenizer
-
     from hermes_async.model.default_model import resolve_model_path
     from hermes_async.model.spec import read_spec
+    from hermes_async.model.tokenizer import load_tokenizer
     from hermes_async.prompt import AssemblyCache, PromptAssembler
 
     model_dir = resolve_model_path(config.model.path)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = load_tokenizer(model_dir)
     vocab = vocab_size if vocab_size is not None else read_spec(model_dir).vocab_size
     assembler = PromptAssembler(tokenizer, cache=AssemblyCache(), model_id=str(model_dir))
     grammars = grammar_compiler(tokenizer, vocab, str(model_dir), config.structured)

@@ -64,10 +64,9 @@ def resolve_block_size(model_dir: Path, block_size: int | None,
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hermes-async doctor``; returns the exit code (0 report, 2 unreadable input)."""
-    from transformers import AutoTokenizer
-
     from hermes_async import config as config_mod
     from hermes_async.model.default_model import resolve_model_path
+    from hermes_async.model.tokenizer import load_tokenizer
     from hermes_async.observe.doctor import diagnose
     from hermes_async.observe.doctor_reader import DoctorInputError, PromptReader
     from hermes_async.observe.doctor_report import document, write_text
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_mod.load(args.config) if args.config else None
         model = args.model or (cfg.model.path if cfg else None)
         model_dir = resolve_model_path(model)
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        tokenizer = load_tokenizer(model_dir)
         block_size, source = resolve_block_size(
             model_dir, args.block_size, cfg.cache.block_size if cfg else None)
         template = load_prompt_template(args.template) if args.template else None

@@ -1,4 +1,4 @@
-"""``hermes-async model fetch``: convert the embedded default model once, print its directory."""
+"""``hermes-async model fetch``: prepare the embedded default model once, print its directory."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def register(subparsers: Any) -> None:
     """Add ``model fetch`` to the top-level subparsers; it sets ``func=run``."""
     model = subparsers.add_parser("model", help="manage the embedded default model")
     model_sub = model.add_subparsers(dest="model_command", required=True)
-    fetch = model_sub.add_parser("fetch", help="convert SmolLM2-135M-Instruct once; print dir")
+    fetch = model_sub.add_parser("fetch", help="prepare SmolLM2-135M-Instruct once; print dir")
     fetch.add_argument("--home", default=None,
                        help="hermes cache root (default: $HERMES_HOME, else the XDG cache)")
     fetch.add_argument("--quiet", action="store_true", help="no progress output")
@@ -20,17 +20,18 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Fetch (convert once) the default model; print its directory as the last stdout line.
+    """Prepare the default model (from its GGUF, once); print its directory as the last
+    stdout line.
 
     ``args.home``: a hermes home overriding ``$HERMES_HOME`` (None: the default);
     ``args.quiet``: no progress on stderr. Returns 0, or 1 after printing the error to stderr.
-    Never imports torch when the model is already converted.
+    Never imports torch when the model is already prepared.
     """
-    from hermes_async.model.default_model import ModelFetchError, fetch_default_model
+    from hermes_async.model.default_model import ModelFetchError, prepare_default_model
 
     try:
-        path = fetch_default_model(Path(args.home) if args.home else None,
-                                   progress=not args.quiet)
+        path = prepare_default_model(Path(args.home) if args.home else None,
+                                     progress=not args.quiet)
     except ModelFetchError as exc:
         print(f"hermes-async model fetch: error: {exc}", file=sys.stderr)
         return 1

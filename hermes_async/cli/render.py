@@ -43,11 +43,10 @@ def register(subparsers: Any) -> None:
 
 def _load_tokenizer(model: str | None) -> Any:
     """The tokenizer of ``model`` (a directory), or of the embedded default model."""
-    from transformers import AutoTokenizer
-
     from hermes_async.model.default_model import resolve_model_path
+    from hermes_async.model.tokenizer import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(resolve_model_path(model)))
+    return load_tokenizer(resolve_model_path(model))
 
 
 def _read_json(path: str) -> Any:

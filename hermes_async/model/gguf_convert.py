@@ -69,7 +69,7 @@ def _patch_config(out_dir: Path) -> None:
     _patch_json(path, update, drop=("quantization_config", "_model_name_or_path"))
 
 
-def _patch_tokenizer_config(out_dir: Path, chat_template: str, max_len: int) -> None:
+def patch_tokenizer_config(out_dir: Path, chat_template: str, max_len: int) -> None:
     """Concrete class, chat template inline, decode settings pinned (see the module doc)."""
     _patch_json(
         out_dir / "tokenizer_config.json",
@@ -161,7 +161,7 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, progress: bool = True) ->
         if not isinstance(template, str) or not template:
             raise ValueError(f"{gguf_path}: no chat template (tokenizer.chat_template) in the GGUF")
         _patch_config(out_dir)
-        _patch_tokenizer_config(out_dir, template, config.max_position_embeddings)
+        patch_tokenizer_config(out_dir, template, config.max_position_embeddings)
 
         reloaded = AutoTokenizer.from_pretrained(str(out_dir))  # cheap self-check
         for text in _PROBES:

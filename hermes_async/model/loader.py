@@ -7,17 +7,29 @@ corrupt file raises :class:`ModelLoadError` naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import safe_open
 
 from hermes_async.model.dtype import resolve_dtype
+from hermes_async.model.gguf.file import GGUFFile
 from hermes_async.model.llama import LlamaModel
 from hermes_async.model.spec import ModelLoadError, ModelSpec, read_spec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+log = logging.getLogger("hermes_async.model")
+
+
+class TensorSource(Protocol):
+    """Checkpoint tensors by Hugging Face name: a dict of safetensors, or a GGUF's view."""
+
+    def __contains__(self, name: object) -> bool: ...
+    def __getitem__(self, name: str) -> torch.Tensor: ...
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -65,13 +77,41 @@ def load_model(model_dir: str | Path, dtype: str = "float32",
     if dtype not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     spec = read_spec(path)
-    tensors = read_tensors(safetensors_files(path))
+    tensors: TensorSource
+    from hermes_async.model.gguf.directory import gguf_file
+
+    gguf = gguf_file(path)
+    if gguf is not None:
+        tensors, spec = _gguf_tensors(gguf, spec, dtype)
+    else:
+        tensors = read_tensors(safetensors_files(path))
     model = LlamaModel(spec, DTYPES[dtype])
     _assign(model, spec, tensors, path)
     return model.to(device)
 
 
-def _assign(model: LlamaModel, spec: ModelSpec, src: dict[str, torch.Tensor], path: Path) -> None:
+def _gguf_tensors(file: GGUFFile, spec: ModelSpec, dtype: str) -> tuple[TensorSource, ModelSpec]:
+    """The GGUF's tensors (dequantized once each, as they are loaded) and the spec with the
+    file's RoPE frequency factors (``rope_freqs.weight``: Llama 3.x) applied."""
+    from hermes_async.model.families import family_for
+    from hermes_async.model.gguf.tensors import GGUFTensors
+
+    family = family_for(spec.architecture)
+    assert family is not None
+    gguf_path = file.path
+    types = ", ".join(f"{n} {t}" for t, n in sorted(file.type_counts().items()))
+    log.info("GGUF %s: %s tensors (%.1f MiB) dequantized to %s at load (no quantized "
+             "kernels yet)", gguf_path.name, types, file.nbytes() / 2**20, dtype)
+    if "rope_freqs.weight" in file:
+        factors = file.dequantized("rope_freqs.weight")
+        if factors.shape != spec.inv_freq.shape:
+            raise ModelLoadError(f"{gguf_path}: rope_freqs.weight has shape "
+                                 f"{tuple(factors.shape)}, expected {tuple(spec.inv_freq.shape)}")
+        spec = dataclasses.replace(spec, inv_freq=spec.inv_freq / factors)
+    return GGUFTensors(file, family, spec.num_heads, spec.num_kv_heads), spec
+
+
+def _assign(model: LlamaModel, spec: ModelSpec, src: TensorSource, path: Path) -> None:
     from hermes_async.model.families import family_for
 
     family = family_for(spec.architecture)

@@ -161,7 +161,8 @@ def test_second_call_is_instant_and_does_not_reconvert(
     assert {p.name: p.stat().st_mtime_ns for p in default_model_dir.iterdir()} == mtimes
 
 
-def test_cached_fetch_in_a_fresh_process_skips_torch(default_model_dir: Path) -> None:
+def test_cached_fetch_in_a_fresh_process_skips_torch() -> None:
+    served = default_model.prepare_default_model(progress=False)
     code = (
         "import sys\n"
         "from hermes_async.cli.model import run as cmd_model_fetch\n"
@@ -175,4 +176,4 @@ def test_cached_fetch_in_a_fresh_process_skips_torch(default_model_dir: Path) ->
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == str(default_model_dir)
+    assert proc.stdout.strip().splitlines()[-1] == str(served)

@@ -245,7 +245,8 @@ def test_failed_download_says_how_to_install(
 
 
 def test_resolve_model_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(default_model, "fetch_default_model", lambda: tmp_path / "default")
+    monkeypatch.setattr(default_model, "prepare_default_model",
+                        lambda progress=True: tmp_path / "default")
     assert resolve_model_path(None) == tmp_path / "default"
     assert resolve_model_path(str(tmp_path)) == tmp_path
     with pytest.raises(FileNotFoundError, match="nope"):
@@ -258,11 +259,12 @@ def test_resolve_model_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def test_cli_prints_path_last_and_reports_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_gguf: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    monkeypatch.setattr(gguf_convert, "convert_gguf_to_hf", fake_converter())
     monkeypatch.setattr(gguf_source, "installed_gguf", lambda source=SMOLLM2_GGUF: real_gguf)
     assert cmd_model_fetch(argparse.Namespace(home=str(tmp_path), quiet=False)) == 0
     out, err = capsys.readouterr()
-    assert out.splitlines() == [str(tmp_path / "models" / NAME)]
+    served = Path(out.splitlines()[-1])
+    assert served.name == NAME and served.parent.parent == tmp_path / "models" / "gguf"
+    assert (served / "hermes_gguf.json").is_file() and (served / "tokenizer.json").is_file()
     assert "hermes:" in err
 
     monkeypatch.setattr(gguf_source, "installed_gguf", lambda source=SMOLLM2_GGUF: tmp_path)

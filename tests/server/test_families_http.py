@@ -50,3 +50,38 @@ def test_each_family_served_answers_as_transformers(arch, tmp_path, tokenizer_fi
         assert out.choices[0].message.content == tokenizer.decode(ref)
     finally:
         srv.stop()
+
+
+def test_a_gguf_file_served_answers_as_transformers_reads_it(tmp_path, default_model_dir,
+                                                             monkeypatch):
+    """``serve --model FILE.gguf``: a Q8_0 GGUF (written as llama.cpp lays it out, with the
+    default model's tokenizer and template in its metadata) answers as transformers' own
+    GGUF loader's model greedily continues the prompt its tokenizer renders."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hermes_async.model.gguf.writer import write_gguf
+
+    monkeypatch.setenv("HERMES_HOME", str(tmp_path / "home"))
+    path = make_tiny_model(tmp_path / "llama", "llama", head_dim=32, vocab_size=49152,
+                           gguf_layout=True)
+    gguf = write_gguf(path, tmp_path / "tiny.Q8_0.gguf", "Q8_0", tokenizer_dir=default_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=gguf.name)
+    ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    oracle = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=gguf.name,
+                                                  dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = oracle.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    config = real_config(gguf).replace(model={"dtype": "float32"})
+    srv = ServerThread(config).start()
+    try:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["tiny.Q8_0"]
+        out = client.chat.completions.create(
+            model="tiny.Q8_0", messages=MESSAGES, max_tokens=NEW_TOKENS, temperature=0,
+            extra_body={"ignore_eos": True, "skip_special_tokens": False})
+        assert out.usage.prompt_tokens == len(ids)
+        assert out.choices[0].message.content == tokenizer.decode(ref)
+    finally:
+        srv.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,47 @@ def no_options(cfg: object) -> dict[str, object]:
 
 
 @dataclass(frozen=True)
+class GGUFFacts:
+    """What a GGUF file states, for a family's :attr:`GGUFLayout.config`: its metadata
+    (``values``, full keys) and each tensor's shape in PyTorch order (``tensors``)."""
+
+    arch: str
+    values: dict[str, Any]
+    tensors: dict[str, tuple[int, ...]]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of ``{arch}.key`` (``key`` without the architecture prefix)."""
+        return self.values.get(f"{self.arch}.{key}", default)
+
+    def float(self, key: str, default: float) -> float:
+        """A float32 value of ``{arch}.key`` as the decimal it was written from (0.1, not
+        0.10000000149)."""
+        return float(f"{float(self.get(key, default)):.7g}")
+
+    def layers_with(self, tensor: str) -> list[int]:
+        """The blocks that hold ``blk.{i}.<tensor>``."""
+        n = int(self.get("block_count", 0))
+        return [i for i in range(n) if f"blk.{i}.{tensor}" in self.tensors]
+
+
+def no_gguf_config(facts: GGUFFacts) -> dict[str, object]:
+    return {}
+
+
+@dataclass(frozen=True)
+class GGUFLayout:
+    """How llama.cpp writes a family's GGUF: its architecture name (``general.architecture``),
+    the transformers ``model_type`` it reads back as, whether the converter permuted q/k
+    (llama.cpp's ``LlamaModel`` subclasses: the interleaved RoPE layout), and ``config``: the
+    config fields beyond the ones every family has (multipliers, experts, window patterns)."""
+
+    arch: str
+    model_type: str
+    permute_qk: bool = False
+    config: Callable[[GGUFFacts], dict[str, object]] = no_gguf_config
+
+
+@dataclass(frozen=True)
 class Family:
     """One family of decoders: its Hugging Face architecture names, the ModelSpec options its
     config sets, and its tensor names."""
@@ -54,3 +96,5 @@ class Family:
     norm_weight_offset: float = 0.0
     # a multimodal wrapper: the decoder's config is ``text_config`` (its names: ``names``)
     text_config: bool = False
+    # how the family's GGUF files are laid out (None: not read from GGUF)
+    gguf: GGUFLayout | None = None

@@ -2,7 +2,7 @@
 (``post_attention_layernorm``, ``post_feedforward_layernorm``); q and k normalised over all
 heads at once (before RoPE)."""
 
-from hermes_async.model.families.base import Family, TensorNames
+from hermes_async.model.families.base import Family, GGUFLayout, TensorNames
 
 
 def options(cfg: object) -> dict[str, object]:
@@ -12,4 +12,5 @@ def options(cfg: object) -> dict[str, object]:
 FAMILY = Family("olmo2", ("Olmo2ForCausalLM",), options,
                 TensorNames(input_norm=None, mlp_norm=None,
                             attn_out_norm="post_attention_layernorm.weight",
-                            mlp_out_norm="post_feedforward_layernorm.weight"))
+                            mlp_out_norm="post_feedforward_layernorm.weight"),
+                gguf=GGUFLayout("olmo2", "olmo2"))

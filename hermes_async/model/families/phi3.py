@@ -3,7 +3,7 @@
 where the config sets one. Not yet: ``longrope`` (it switches to the long factors past the
 original length) and partial rotary: refused by name at load."""
 
-from hermes_async.model.families.base import Family, TensorNames
+from hermes_async.model.families.base import Family, GGUFLayout, TensorNames
 from hermes_async.model.spec import ModelLoadError
 
 
@@ -17,4 +17,5 @@ def options(cfg: object) -> dict[str, object]:
 
 FAMILY = Family("phi3", ("Phi3ForCausalLM",), options,
                 TensorNames(fused_qkv="self_attn.qkv_proj.weight",
-                            fused_gate_up="mlp.gate_up_proj.weight"))
+                            fused_gate_up="mlp.gate_up_proj.weight"),
+                gguf=GGUFLayout("phi3", "phi3"))

@@ -3,7 +3,7 @@
 ``decoder_sparse_step``-th layer not in ``mlp_only_layers``; no shared experts."""
 
 from hermes_async.model.families import qwen3
-from hermes_async.model.families.base import Family
+from hermes_async.model.families.base import Family, GGUFFacts, GGUFLayout
 
 
 def options(cfg: object) -> dict[str, object]:
@@ -20,4 +20,17 @@ def options(cfg: object) -> dict[str, object]:
             "norm_topk_prob": bool(getattr(cfg, "norm_topk_prob", False))}
 
 
-FAMILY = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), options)
+def gguf_config(facts: GGUFFacts) -> dict[str, object]:
+    """Experts from llama.cpp's keys; the dense layers are those without a router tensor."""
+    n = int(facts.get("block_count", 0))
+    routed = set(facts.layers_with("ffn_gate_inp.weight"))
+    return {"num_experts": int(facts.get("expert_count", 0)),
+            "num_experts_per_tok": int(facts.get("expert_used_count", 0)),
+            "moe_intermediate_size": int(facts.get("expert_feed_forward_length", 0)),
+            "norm_topk_prob": bool(facts.get("expert_weights_norm", True)),
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [i for i in range(n) if i not in routed]}
+
+
+FAMILY = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), options,
+                gguf=GGUFLayout("qwen3moe", "qwen3_moe", config=gguf_config))

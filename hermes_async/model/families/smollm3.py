@@ -1,8 +1,11 @@
 """SmolLM3: Llama with NoPE layers (``no_rope_layers``: 1 rotates, 0 does not) and windows by
 ``layer_types``."""
 
-from hermes_async.model.families.base import Family
+from hermes_async.model.families.base import Family, GGUFFacts, GGUFLayout
 from hermes_async.model.spec import windows_from_layer_types
+
+# llama.cpp's SmolLM3: every 4th layer without RoPE (its GGUF files state no pattern)
+GGUF_NO_ROPE_INTERVAL = 4
 
 
 def options(cfg: object) -> dict[str, object]:
@@ -11,4 +14,10 @@ def options(cfg: object) -> dict[str, object]:
             "sliding_windows": windows_from_layer_types(cfg)}
 
 
-FAMILY = Family("smollm3", ("SmolLM3ForCausalLM",), options)
+def gguf_config(facts: GGUFFacts) -> dict[str, object]:
+    n = int(facts.get("block_count", 0))
+    return {"no_rope_layers": [int((i + 1) % GGUF_NO_ROPE_INTERVAL != 0) for i in range(n)]}
+
+
+FAMILY = Family("smollm3", ("SmolLM3ForCausalLM",), options,
+                gguf=GGUFLayout("smollm3", "smollm3", permute_qk=True, config=gguf_config))

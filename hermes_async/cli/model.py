@@ -17,6 +17,12 @@ def register(subparsers: Any) -> None:
                        help="hermes cache root (default: $HERMES_HOME, else the XDG cache)")
     fetch.add_argument("--quiet", action="store_true", help="no progress output")
     fetch.set_defaults(func=run)
+    convert = model_sub.add_parser(
+        "convert", help="convert it into a float32 Hugging Face directory (other servers, tests)")
+    convert.add_argument("--home", default=None,
+                         help="hermes cache root (default: $HERMES_HOME, else the XDG cache)")
+    convert.add_argument("--quiet", action="store_true", help="no progress output")
+    convert.set_defaults(func=run_convert)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +40,20 @@ def run(args: argparse.Namespace) -> int:
                                      progress=not args.quiet)
     except ModelFetchError as exc:
         print(f"hermes-async model fetch: error: {exc}", file=sys.stderr)
+        return 1
+    print(path, flush=True)
+    return 0
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """Convert the default model into a float32 Hugging Face directory (once); print it."""
+    from hermes_async.model.default_model import ModelFetchError, fetch_default_model
+
+    try:
+        path = fetch_default_model(Path(args.home) if args.home else None,
+                                   progress=not args.quiet)
+    except ModelFetchError as exc:
+        print(f"hermes-async model convert: error: {exc}", file=sys.stderr)
         return 1
     print(path, flush=True)
     return 0

@@ -128,6 +128,34 @@ def mistral_tokenizer() -> Any:
     return build_mistral_tokenizer()
 
 
+@pytest.fixture(scope="session")
+def gemma_tokenizer() -> Any:
+    from tests.prompt.family_templates import build_gemma_tokenizer
+
+    return build_gemma_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def phi_tokenizer() -> Any:
+    from tests.prompt.family_templates import build_phi_tokenizer
+
+    return build_phi_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def granite_tokenizer() -> Any:
+    from tests.prompt.family_templates import build_granite_tokenizer
+
+    return build_granite_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def hermes_tokenizer() -> Any:
+    from tests.prompt.family_templates import build_hermes_tokenizer
+
+    return build_hermes_tokenizer()
+
+
 @pytest.fixture(scope="session", params=["smol", "llama", "mistral"])
 def any_tokenizer(request: pytest.FixtureRequest) -> Any:
     """Each test tokenizer in turn."""

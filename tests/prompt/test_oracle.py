@@ -16,6 +16,7 @@ import pytest
 
 from hermes_async.prompt import AssemblyCache, PromptAssembler, RoleNormalizer, parse_messages
 from tests.prompt.convgen import TOOLS, random_conversation
+from tests.prompt.family_templates import TOOL_TEMPLATES
 
 N_CONVERSATIONS = 200
 
@@ -43,7 +44,8 @@ def _oracle(tok: Any, msgs: list[dict[str, Any]], tools: Any, gen: bool) -> tupl
     return ids, text
 
 
-@pytest.mark.parametrize("name", ["smol", "llama", "mistral"])
+@pytest.mark.parametrize("name", ["smol", "llama", "mistral", "gemma", "phi", "granite",
+                                  "hermes"])
 def test_ids_equal_apply_chat_template(name: str, request: pytest.FixtureRequest) -> None:
     tok = request.getfixturevalue(f"{name}_tokenizer")
     plain = PromptAssembler(tok)
@@ -52,11 +54,11 @@ def test_ids_equal_apply_chat_template(name: str, request: pytest.FixtureRequest
     rng = random.Random(1234 + len(name))
     checked = partial_hits = protected_runs = 0
     while checked < N_CONVERSATIONS:
-        msgs = random_conversation(rng, tools=name == "llama")
+        msgs = random_conversation(rng, tools=name in TOOL_TEMPLATES)
         if _has_control(msgs, controls):
             continue
         gen = rng.random() < 0.8
-        tools = TOOLS if name == "llama" and rng.random() < 0.3 else None
+        tools = TOOLS if name in TOOL_TEMPLATES and rng.random() < 0.3 else None
         want_ids, want_text = _oracle(tok, msgs, tools, gen)
 
         got = plain.assemble(msgs, tools=tools, add_generation_prompt=gen)
@@ -110,3 +112,15 @@ def test_text_before_the_first_control_token(name: str, request: pytest.FixtureR
         assert a.tokenizer.encode(marked, force_protected=True).ids == want
         assert list(a.assemble(msgs, add_generation_prompt=False).token_ids) == want
         checked += 1
+
+
+def test_family_templates_pick_their_tool_parser() -> None:
+    """Hermes / Qwen3's ChatML template reads tool calls as hermes; templates without tools
+    get the generic parser (and its tools prompt)."""
+    from hermes_async.tools import parser_for, template_supports_tools
+    from tests.prompt import family_templates as ft
+
+    assert parser_for(ft.HERMES_TEMPLATE).name == "hermes"
+    assert template_supports_tools(ft.GRANITE_TEMPLATE)
+    for template in (ft.GEMMA_TEMPLATE, ft.PHI_TEMPLATE):
+        assert parser_for(template).name == "generic"

@@ -1,0 +1,326 @@
+"""Real model shapes side by side: hermes_async, vLLM's CPU build and llama.cpp on the same
+random weights (Hugging Face directory for hermes and vLLM, the same tensors as a GGUF for
+llama.cpp and for hermes' GGUF path), one server at a time, in one run.
+
+    loadtest/peers/install.sh vllm llamacpp          # once
+    .venv/bin/python loadtest/bench_models.py --out-dir loadtest/results/models \\
+        --models qwen3-0.6b qwen3-1.7b qwen3-30b-a3b:4 --update-benchmarks BENCHMARKS.md
+
+Per model and server: load time (spawn to the first ``/v1/models`` answer), resident memory
+after a warm-up (the server's process tree), decode tok/s of one stream (concurrency 1: the
+generated tokens over the time after the first token) and of 8 concurrent streams (all tokens
+over the wall time), and prefill tok/s (a 1000-token prompt, one token out, distinct prompts so
+no prefix cache helps). Beside them the memory floor of a decode step: the bytes of the
+weights one token reads (every matrix once; of the embedding table one row; of a MoE layer the
+experts a token routes to) over the copy bandwidth measured here, as tokens/s.
+
+Random weights (std 0.02, loadtest/shaped_models.py) in bfloat16; the GGUF in BF16 (the same
+precision) and, with ``--q8``, Q8_0 for llama.cpp (its quantized speed; hermes has no
+quantized kernels yet). The tokenizer is the embedded model's (its vocabulary padded to the
+model's): speed figures, not quality.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compare_peers import PEERS_HOME, REPO, stop, wait_ready
+
+SERVERS = ("hermes", "hermes-gguf", "vllm", "llamacpp")
+MARK_START, MARK_END = "<!-- models:start -->", "<!-- models:end -->"
+WORDS = ("sea", "ship", "harbor", "wind", "sail", "tide", "storm", "island", "light", "rope",
+         "anchor", "wave", "north", "south", "map", "star", "night", "cargo", "crew", "deck")
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One shaped model: its name in shaped_models.SHAPES and the layers kept (None: all)."""
+
+    name: str
+    layers: int | None
+
+    @property
+    def label(self) -> str:
+        return self.name + (f" ({self.layers} layers)" if self.layers else "")
+
+    @property
+    def slug(self) -> str:
+        return self.name + (f"-l{self.layers}" if self.layers else "")
+
+
+def parse_case(text: str) -> ModelCase:
+    name, _, layers = text.partition(":")
+    return ModelCase(name, int(layers) if layers else None)
+
+
+def prepare(case: ModelCase, work: Path, q8: bool) -> dict[str, Path]:
+    """The HF directory (bfloat16) and its GGUFs; the tokenizer is the embedded model's,
+    padded in the GGUF to the model's vocabulary (``[PAD<i>]`` entries, as llama.cpp needs
+    them), and that padded tokenizer (as hermes rebuilds it from the GGUF) goes into the HF
+    directory too, so that no server meets an id its tokenizer lacks."""
+    from shaped_models import make
+
+    from hermes_async.model.default_model import fetch_default_model
+    from hermes_async.model.gguf.directory import prepare_gguf_dir
+    from hermes_async.model.gguf.writer import write_gguf
+
+    tokenizer_dir = fetch_default_model(progress=False)
+    hf = work / case.slug
+    if not (hf / "config.json").is_file():
+        print(f"[prepare] {case.label}: random weights -> {hf}", flush=True)
+        make(case.name, hf, case.layers)
+    out = {"hf": hf}
+    for qtype in ("BF16", "Q8_0") if q8 else ("BF16",):
+        path = work / f"{case.slug}.{qtype}.gguf"
+        if not path.is_file():
+            print(f"[prepare] {case.label}: {qtype} GGUF -> {path}", flush=True)
+            part = path.with_suffix(".part")
+            write_gguf(hf, part, qtype, tokenizer_dir=tokenizer_dir)
+            part.rename(path)
+        out[qtype] = path
+    if not (hf / "tokenizer.json").is_file():
+        padded = prepare_gguf_dir(out["BF16"], work / "home")
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(padded / name, hf / name)
+    return out
+
+
+def server_command(server: str, port: int, files: dict[str, Path], threads: int,
+                   qtype: str) -> tuple[list[str], dict[str, str]]:
+    if server in ("hermes", "hermes-gguf"):
+        model = files["hf"] if server == "hermes" else files["BF16"]
+        return ([str(REPO / ".venv" / "bin" / "hermes-async"), "serve", "--dtype", "bfloat16",
+                 "--port", str(port), "--log-level", "warning", "--model", str(model)], {})
+    if server == "vllm":
+        return ([str(PEERS_HOME / "vllm" / "bin" / "python"), "-m",
+                 "vllm.entrypoints.openai.api_server", "--model", str(files["hf"]),
+                 "--dtype", "bfloat16", "--port", str(port), "--max-model-len", "4096",
+                 "--served-model-name", "model"],
+                {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"})
+    if server == "llamacpp":
+        return ([str(PEERS_HOME / "llamacpp" / "bin" / "python"), "-m", "llama_cpp.server",
+                 "--model", str(files[qtype]), "--model_alias", "model", "--port", str(port),
+                 "--n_ctx", "4096", "--n_threads", str(threads), "--n_batch", "512",
+                 "--interrupt_requests", "False"], {})
+    raise ValueError(server)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and its descendants (/proc)."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f
+                              if line.startswith("VmRSS:"))
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total
+
+
+def text_prompt(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+async def complete(session: Any, base: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = {"model": "model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True}
+    t0 = time.perf_counter()
+    async with session.post(f"{base}/v1/completions", json=body) as r:
+        data = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"{r.status}: {data}")
+    return {"s": time.perf_counter() - t0, "prompt": data["usage"]["prompt_tokens"],
+            "completion": data["usage"]["completion_tokens"]}
+
+
+async def measure(base: str, seed: int, decode_tokens: int) -> dict[str, float]:
+    import aiohttp
+
+    rng = random.Random(seed)
+    timeout = aiohttp.ClientTimeout(total=1800)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+        await complete(s, base, text_prompt(rng, 40), 8)  # warm-up
+        prefill = [await complete(s, base, f"{i} " + text_prompt(rng, 1000), 1)
+                   for i in range(2)]
+        ttft = min(r["s"] for r in [await complete(s, base, f"t{i} " + text_prompt(rng, 32), 1)
+                                    for i in range(3)])
+        c1 = [await complete(s, base, f"c{i} " + text_prompt(rng, 32), decode_tokens)
+              for i in range(2)]
+        t0 = time.perf_counter()
+        c8 = await asyncio.gather(*(complete(s, base, f"p{i} " + text_prompt(rng, 32),
+                                             decode_tokens) for i in range(8)))
+        wall8 = time.perf_counter() - t0
+    return {
+        "prefill_tok_s": max(r["prompt"] / r["s"] for r in prefill),
+        "ttft_short_s": ttft,
+        "decode_c1_tok_s": max((r["completion"] - 1) / (r["s"] - ttft) for r in c1),
+        "decode_c8_tok_s": sum(r["completion"] for r in c8) / wall8,
+        "tokens_c8": sum(r["completion"] for r in c8),
+    }
+
+
+def run_server(server: str, case: ModelCase, files: dict[str, Path], args: argparse.Namespace,
+               qtype: str = "BF16") -> dict[str, Any] | None:
+    cmd, env = server_command(server, args.port, files, args.threads, qtype)
+    log_path = args.out_dir / f"{case.slug}-{server}-{qtype}.log"
+    print(f"[{case.label}] {server} {qtype}: {' '.join(cmd)}", flush=True)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{args.port}"
+        try:
+            t0 = time.monotonic()
+            wait_ready(base, proc, args.start_timeout)
+            load_s = time.monotonic() - t0
+            res = asyncio.run(measure(base, seed=7, decode_tokens=args.decode_tokens))
+            res.update(load_s=load_s, rss_bytes=rss_bytes(proc.pid))
+            print(f"[{case.label}] {server} {qtype}: {json.dumps(res)}", flush=True)
+            return res
+        except Exception as e:  # noqa: BLE001 - one server failing must not end the run
+            print(f"[{case.label}] {server} FAILED: {e!r} (log: {log_path})", flush=True)
+            return None
+        finally:
+            stop(proc)
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a large tensor copy with torch's threads (read + write counted once)."""
+    import torch
+
+    src = torch.empty(1 << 28, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return src.numel() / best
+
+
+def bytes_per_token(hf: Path) -> int:
+    """Weight bytes one decode token reads: every matrix, one embedding row, and of each MoE
+    layer's experts the ``num_experts_per_tok`` it routes to (bfloat16)."""
+    from safetensors import safe_open
+
+    cfg = json.loads((hf / "config.json").read_text())
+    per_token = cfg.get("num_experts_per_tok", 0) / max(cfg.get("num_experts", 0), 1)
+    total = 0
+    for f in sorted(hf.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            for name in h.keys():  # noqa: SIM118
+                shape = h.get_slice(name).get_shape()
+                n = 1
+                for d in shape:
+                    n *= d
+                if name.endswith("embed_tokens.weight"):
+                    n = shape[1] * (1 if not cfg.get("tie_word_embeddings") else shape[0])
+                elif ".experts." in name:
+                    n = int(n * per_token)
+                total += 2 * n
+    return total
+
+
+def report(rows: list[dict[str, Any]], cpu: str, bandwidth: float) -> str:
+    lines = [
+        f"CPU: {cpu}; copy bandwidth {bandwidth / 1e9:.1f} GB/s; bfloat16 weights (llama.cpp: "
+        "BF16 GGUF of the same tensors; Q8_0 rows where run)", "",
+        "| model | server | load s | RSS GiB | prefill tok/s | decode c1 tok/s | decode c8 tok/s "
+        "| c1 vs floor | hermes c1 / it | hermes c8 / it |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        base = next((r for r in rows if r["model"] == row["model"] and r["server"] == "hermes"),
+                    None)
+        res = row["res"]
+        if res is None:
+            lines.append(f"| {row['model']} | {row['server']} | failed | | | | | | | |")
+            continue
+        ratio1 = ratio8 = ""
+        if base and base["res"] and row["server"] != "hermes":
+            ratio1 = f"{base['res']['decode_c1_tok_s'] / res['decode_c1_tok_s']:.2f}x"
+            ratio8 = f"{base['res']['decode_c8_tok_s'] / res['decode_c8_tok_s']:.2f}x"
+        lines.append(
+            f"| {row['model']} | {row['server']} | {res['load_s']:.0f} | "
+            f"{res['rss_bytes'] / 2**30:.1f} | {res['prefill_tok_s']:.0f} | "
+            f"{res['decode_c1_tok_s']:.1f} | {res['decode_c8_tok_s']:.1f} | "
+            f"{res['decode_c1_tok_s'] / row['floor_tok_s']:.2f} | {ratio1} | {ratio8} |")
+    return "\n".join(lines)
+
+
+def cpu_line() -> str:
+    model, flags = "?", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "?":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    keep = [f for f in ("avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+            if f in flags]
+    return f"{model}, {os.cpu_count()} cores, {' '.join(keep) or 'no AVX-512'}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["qwen3-0.6b", "qwen3-1.7b", "qwen3-30b-a3b:4"],
+                    help="shaped_models names, NAME:LAYERS to keep the first layers")
+    ap.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/hermes-bench-models"))
+    ap.add_argument("--out-dir", type=Path, default=Path("loadtest/results/models"))
+    ap.add_argument("--q8", action="store_true", help="also llama.cpp on a Q8_0 GGUF")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--port", type=int, default=8311)
+    ap.add_argument("--decode-tokens", type=int, default=48)
+    ap.add_argument("--start-timeout", type=float, default=900)
+    ap.add_argument("--update-benchmarks", type=Path, default=None)
+    args = ap.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    bandwidth = copy_bandwidth()
+    rows: list[dict[str, Any]] = []
+    for case in map(parse_case, args.models):
+        files = prepare(case, args.work_dir, args.q8)
+        floor = bandwidth / bytes_per_token(files["hf"])
+        for server in args.servers:
+            rows.append({"model": case.label, "server": server, "floor_tok_s": floor,
+                         "res": run_server(server, case, files, args)})
+        if args.q8 and "llamacpp" in args.servers:
+            rows.append({"model": case.label, "server": "llamacpp Q8_0", "floor_tok_s": floor,
+                         "res": run_server("llamacpp", case, files, args, "Q8_0")})
+        (args.out_dir / "results.json").write_text(json.dumps(rows, indent=2))
+    text = report(rows, cpu_line(), bandwidth)
+    (args.out_dir / "report.md").write_text(text + "\n")
+    print(text)
+    if args.update_benchmarks:
+        doc = args.update_benchmarks.read_text()
+        cmd = "python loadtest/bench_models.py " + " ".join(sys.argv[1:])
+        block = f"{MARK_START}\n`{cmd}`\n\n{text}\n{MARK_END}"
+        if MARK_START in doc:
+            head, rest = doc.split(MARK_START, 1)
+            doc = head + block + rest.split(MARK_END, 1)[1]
+        else:
+            doc += "\n" + block + "\n"
+        args.update_benchmarks.write_text(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -27,15 +27,16 @@ COMMON = dict(
 
 
 ARCHS = ("llama", "qwen2", "mistral", "qwen3", "granite", "olmo2", "smollm3", "seed_oss",
-         "gemma3", "qwen3_moe", "phi3", "gemma3_mm")
-WINDOWED_ARCHS = ("mistral", "gemma3", "gemma3_mm")  # tiny models with sliding-window layers
+         "gemma3", "qwen3_moe", "phi3", "gemma3_mm", "gemma2")
+WINDOWED_ARCHS = ("mistral", "gemma3", "gemma3_mm", "gemma2")  # with sliding-window layers
+SOFTCAP_ARCHS = ("gemma2",)  # soft-capped attention: the torch backend only
 
 
 # what llama.cpp's GGUF cannot state, made to follow its fixed rules in the GGUF variants
 # (``make_tiny_model(..., gguf_layout=True)``): SmolLM3 leaves RoPE out of every 4th layer,
 # Qwen3-MoE has no dense layers, Mistral ("llama" in GGUF) no window
 GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3", "phi3", "granite", "olmo2",
-              "smollm3", "seed_oss")
+              "smollm3", "seed_oss", "gemma2")
 
 
 def _family_model(arch: str, common: dict, gguf_layout: bool = False):
@@ -84,6 +85,13 @@ def _family_model(arch: str, common: dict, gguf_layout: bool = False):
                       num_attention_heads=2, image_size=28, patch_size=14)
         cfg = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
         return tf.Gemma3ForConditionalGeneration(cfg)
+    if arch == "gemma2":  # caps low enough to bite on these random weights
+        cfg = tf.Gemma2Config(**common, tie_word_embeddings=True, sliding_window=40,
+                              query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                              final_logit_softcapping=5.0, rope_parameters=rope,
+                              layer_types=["sliding_attention", "full_attention",
+                                           "sliding_attention"])
+        return tf.Gemma2ForCausalLM(cfg)
     if arch == "gemma3":
         cfg = tf.Gemma3TextConfig(
             **common, tie_word_embeddings=True, sliding_window=40, query_pre_attn_scalar=24,
@@ -126,7 +134,7 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0,
             if p.dim() >= 2:  # matrices, and stacked experts
                 p.normal_(0, 0.15)
             elif "norm" in name:  # Gemma's (1 + w): w itself around 0
-                p.uniform_(-0.5, 0.5) if arch.startswith("gemma3") else p.uniform_(0.5, 1.5)
+                p.uniform_(-0.5, 0.5) if arch.startswith("gemma") else p.uniform_(0.5, 1.5)
             else:  # biases
                 p.normal_(0, 0.5)
     model.save_pretrained(path)

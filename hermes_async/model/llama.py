@@ -137,7 +137,8 @@ class LlamaModel(nn.Module):
             if spec.uses_rope(i):
                 q, k = ops.rotary(rope, q, k, spec.rope_table(i))
             v = v.reshape(t, spec.num_kv_heads, spec.head_dim)
-            attn = plan.attend(pool.blocks(i), q, k, v, scale, spec.sliding_windows[i])
+            attn = plan.attend(pool.blocks(i), q, k, v, scale, spec.sliding_windows[i],
+                               spec.attn_softcap)
             o = ops.linear(attn.reshape(t, spec.q_size), layer.o_weight, layer.o_bias)
             if layer.attn_out_norm is not None:
                 o = ops.rms_norm(o, layer.attn_out_norm, eps)
@@ -149,7 +150,11 @@ class LlamaModel(nn.Module):
             h, residual = self._add(down, residual, nxt)
         last = ops.rms_norm(residual[logits_indices], self.final_norm, eps)
         logits = ops.linear(last, self.head_weight).float()
-        return logits * spec.logit_scale if spec.logit_scale != 1.0 else logits
+        if spec.logit_scale != 1.0:
+            logits = logits * spec.logit_scale
+        if spec.final_softcap is not None:
+            logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
+        return logits
 
     @property
     def head_weight(self) -> torch.Tensor:

@@ -62,6 +62,9 @@ class ModelSpec:
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
+    # soft-capping (Gemma 2): attention scores and final logits as cap * tanh(x / cap)
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
     @property
     def scale(self) -> float:

@@ -21,7 +21,8 @@ class _FaultyPlan(AttentionPlan):
         self.inner, self.fault = inner, fault
 
     def attend(self, kv: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+               v: torch.Tensor, scale: float, window: int | None,
+               softcap: float | None = None) -> torch.Tensor:
         out = self.inner.attend(kv, q, k, v, scale, window)
         if self.fault == "sigill":
             os.kill(os.getpid(), signal.SIGILL)

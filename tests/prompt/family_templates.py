@@ -37,9 +37,11 @@ GEMMA_TEMPLATE = (
 
 PHI_TEMPLATE = (
     "{% for m in messages %}"
-    "{% if m['role'] == 'system' and m['content'] %}{{ '<|system|>\n' + m['content'] + '<|end|>\n' }}"
+    "{% if m['role'] == 'system' and m['content'] %}"
+    "{{ '<|system|>\n' + m['content'] + '<|end|>\n' }}"
     "{% elif m['role'] == 'user' %}{{ '<|user|>\n' + m['content'] + '<|end|>\n' }}"
-    "{% elif m['role'] == 'assistant' %}{{ '<|assistant|>\n' + (m['content'] or '') + '<|end|>\n' }}"
+    "{% elif m['role'] == 'assistant' %}"
+    "{{ '<|assistant|>\n' + (m['content'] or '') + '<|end|>\n' }}"
     "{% elif m['role'] != 'system' %}{{ '<|' + m['role'] + '|>\n' + m['content'] + '<|end|>\n' }}"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
@@ -71,7 +73,8 @@ HERMES_TEMPLATE = (
     "{%- for t in tools -%}{{ '\n' + (t | tojson) }}{%- endfor -%}"
     "{{ '\n</tools>\n\nFor each function call, return a json object with function name and '"
     " + 'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n'"
-    " + '{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n' }}"
+    " + '{\"name\": <function-name>, \"arguments\": <args-json-object>}\n'"
+    " + '</tool_call><|im_end|>\n' }}"
     "{%- elif messages[0]['role'] == 'system' -%}"
     "{{ '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
     "{%- endif -%}"

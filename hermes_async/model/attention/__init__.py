@@ -123,9 +123,10 @@ def resolve_entry(entry: str) -> tuple[type[AttentionBackend], str | None]:
 
 def _construct(c: _Candidate, spec: ModelSpec, dtype: torch.dtype,
                device: torch.device) -> AttentionBackend:
-    if c.cls is TorchBackend:  # cascade attention applies no sliding-window mask
+    if c.cls is TorchBackend:  # cascade attention applies no window mask and no soft-cap
         return TorchBackend(c.block_size, device,
-                            use_cascade=all(w is None for w in spec.sliding_windows))
+                            use_cascade=(all(w is None for w in spec.sliding_windows)
+                                         and spec.attn_softcap is None))
     if c.cls.name == "flashinfer":  # imports flashinfer itself, on CUDA only
         return c.cls(c.block_size, spec.num_heads, spec.num_kv_heads,  # type: ignore[call-arg]
                      spec.head_dim, dtype, device, spec.sliding_windows)
@@ -147,6 +148,8 @@ def _candidates(entries: Sequence[str], spec: ModelSpec, block_size: int, dtype:
             cls, path = resolve_entry(entry)
             paths = ((path,) if path is not None
                      else cls.code_paths(features, dtype, spec.head_dim))
+            if spec.attn_softcap is not None and not cls.supports_softcap:
+                raise BackendUnavailable("its kernels have no attention soft-capping (Gemma 2)")
             layer_ops = tuple(cls.layer_op_paths()) if cls.needs_probe else ()
             made = []
             for p in paths:

@@ -57,9 +57,12 @@ class AttentionPlan(ABC):
 
     @abstractmethod
     def attend(self, kv: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+               v: torch.Tensor, scale: float, window: int | None,
+               softcap: float | None = None) -> torch.Tensor:
         """Write ``k``/``v`` (``[T, kv_heads, d]``) into the layer's pool ``kv`` (K and V in the
-        backend's layout), attend, and return ``[T, heads, d]`` in packed order."""
+        backend's layout), attend, and return ``[T, heads, d]`` in packed order. ``softcap``:
+        scores become ``softcap * tanh(scores / softcap)`` before the softmax (only backends
+        with :attr:`AttentionBackend.supports_softcap` are given one)."""
 
 
 PROBE_ATTENTION = "hermes_async.model.kernels.probe_attention:probe_backend"
@@ -79,6 +82,7 @@ class AttentionBackend(ABC):
     name: ClassVar[str]
     kv_layout: ClassVar[KVLayout] = "nhd"
     needs_probe: ClassVar[bool] = True  # False for the torch reference only
+    supports_softcap: ClassVar[bool] = False  # attention soft-capping (Gemma 2)
 
     @classmethod
     def check(cls, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,

@@ -122,7 +122,8 @@ class FlashInferPlan(AttentionPlan):
         self.sm_scale = sm_scale
 
     def attend(self, kv: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+               v: torch.Tensor, scale: float, window: int | None,
+               softcap: float | None = None) -> torch.Tensor:
         if not math.isclose(scale, self.sm_scale, rel_tol=1e-6):
             raise ValueError(f"planned for softmax scale {self.sm_scale}, called with {scale}")
         k_cache, v_cache = kv

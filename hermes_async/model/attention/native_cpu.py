@@ -55,7 +55,8 @@ class NativeCpuPlan(AttentionPlan):
     slot_mapping: torch.Tensor  # [T] int64
 
     def attend(self, kv: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+               v: torch.Tensor, scale: float, window: int | None,
+               softcap: float | None = None) -> torch.Tensor:
         k_cache, v_cache = kv
         ops = torch.ops.hermes_native
         ops.write_kv(k.contiguous(), v.contiguous(), k_cache, v_cache, self.slot_mapping)

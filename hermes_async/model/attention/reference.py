@@ -90,10 +90,11 @@ class AttentionMetadata(AttentionPlan):
         return self._decode_masks[window]
 
     def attend(self, kv: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+               v: torch.Tensor, scale: float, window: int | None,
+               softcap: float | None = None) -> torch.Tensor:
         k_blocks, v_blocks = kv
         slots = (k_blocks.view(-1, *k_blocks.shape[2:]), v_blocks.view(-1, *v_blocks.shape[2:]))
-        return paged_attention(q, k, v, kv, slots, self, scale, window)
+        return paged_attention(q, k, v, kv, slots, self, scale, window, softcap)
 
 
 class TorchBackend(AttentionBackend):
@@ -103,6 +104,7 @@ class TorchBackend(AttentionBackend):
     name = "torch"
     kv_layout = "nhd"
     needs_probe = False  # the reference the probes stand on
+    supports_softcap = True
 
     def __init__(self, block_size: int, device: torch.device, use_cascade: bool = True) -> None:
         self.block_size = block_size
@@ -162,11 +164,13 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     window: int | None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Write ``k``/``v`` (``[T, kv_heads, d]``) into the pool, attend, return ``[T, heads, d]``.
 
     ``kv_blocks`` are one layer's K and V as ``[num_blocks, block_size, kv_heads, d]``;
-    ``kv_slots`` the same memory as ``[num_slots, kv_heads, d]``.
+    ``kv_slots`` the same memory as ``[num_slots, kv_heads, d]``. ``softcap``: soft-capped
+    scores (explicit matmuls; no cascade groups are planned then).
     """
     k_slots, v_slots = kv_slots
     k_slots.index_copy_(0, meta.slot_mapping, k)
@@ -182,7 +186,10 @@ def paged_attention(
         kd = k_blocks[bt].flatten(1, 2)  # [B, L, kvh, d]
         vd = v_blocks[bt].flatten(1, 2)
         mask = meta.decode_mask(window)
-        if q.device.type == "cpu" and q.dtype != torch.float32:
+        if softcap is not None:
+            out[c:b] = _capped_attention(q[c:b].unsqueeze(2), kd.transpose(1, 2),
+                                         vd.transpose(1, 2), mask, scale, softcap).squeeze(2)
+        elif q.device.type == "cpu" and q.dtype != torch.float32:
             out[c:b] = _decode_attention_matmul(q[c:b], kd, vd, mask, scale)
         else:
             res = F.scaled_dot_product_attention(
@@ -194,7 +201,15 @@ def paged_attention(
         s, e = chunk.token_start, chunk.token_end
         qp = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
         mask = chunk.mask(window, q.device)
-        if mask is None:  # fresh prompt, full attention: the new K/V are the whole context
+        if softcap is not None:
+            ctx = chunk.context_len
+            kp = k_blocks[chunk.block_table].flatten(0, 1)[:ctx].transpose(0, 1).unsqueeze(0)
+            vp = v_blocks[chunk.block_table].flatten(0, 1)[:ctx].transpose(0, 1).unsqueeze(0)
+            if mask is None:  # causal over the whole context
+                n = e - s
+                mask = torch.ones(n, ctx, dtype=torch.bool, device=q.device).tril(ctx - n)
+            res = _capped_attention(qp, kp, vp, mask, scale, softcap)
+        elif mask is None:  # fresh prompt, full attention: the new K/V are the whole context
             kp = k[s:e].transpose(0, 1).unsqueeze(0)
             vp = v[s:e].transpose(0, 1).unsqueeze(0)
             res = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale,
@@ -207,6 +222,19 @@ def paged_attention(
                                                  enable_gqa=True)
         out[s:e] = res.squeeze(0).transpose(0, 1)
     return out
+
+
+def _capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float, softcap: float) -> torch.Tensor:
+    """Attention with soft-capped scores (``softcap * tanh(s / softcap)``), float32 softmax:
+    ``q`` ``[B, H, n, d]``, ``k``/``v`` ``[B, kvh, L, d]``, ``mask`` broadcastable to
+    ``[B, H, n, L]`` (True: attend)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
 
 
 def _decode_attention_matmul(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

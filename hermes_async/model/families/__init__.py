@@ -10,6 +10,7 @@ suite then runs it against transformers on every backend).
 from __future__ import annotations
 
 from hermes_async.model.families import (
+    gemma2,
     gemma3,
     granite,
     llama,
@@ -27,7 +28,7 @@ from hermes_async.model.families.base import Family, TensorNames
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, granite.FAMILY, olmo2.FAMILY,
     smollm3.FAMILY, seed_oss.FAMILY, gemma3.FAMILY, gemma3.MULTIMODAL, qwen3_moe.FAMILY,
-    phi3.FAMILY,
+    phi3.FAMILY, gemma2.FAMILY,
 )
 
 __all__ = ["FAMILIES", "Family", "TensorNames", "family_for", "supported_architectures"]

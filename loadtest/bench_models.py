@@ -28,14 +28,13 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compare_peers import PEERS_HOME, REPO, stop, wait_ready
+from compare_peers import PEERS_HOME, REPO, Started, serve_and_measure
 
 SERVERS = ("hermes", "hermes-gguf", "vllm", "llamacpp")
 MARK_START, MARK_END = "<!-- models:start -->", "<!-- models:end -->"
@@ -140,8 +139,9 @@ def text_prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-async def complete(session: Any, base: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    body = {"model": "model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+async def complete(session: Any, base: str, prompt: str, max_tokens: int,
+                   model: str) -> dict[str, Any]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True}
     t0 = time.perf_counter()
     async with session.post(f"{base}/v1/completions", json=body) as r:
@@ -152,21 +152,25 @@ async def complete(session: Any, base: str, prompt: str, max_tokens: int) -> dic
             "completion": data["usage"]["completion_tokens"]}
 
 
-async def measure(base: str, seed: int, decode_tokens: int) -> dict[str, float]:
+async def measure(base: str, model: str, seed: int, decode_tokens: int) -> dict[str, float]:
     import aiohttp
 
     rng = random.Random(seed)
+
+    def complete_(session: Any, prompt: str, max_tokens: int) -> Any:
+        return complete(session, base, prompt, max_tokens, model)
+
     timeout = aiohttp.ClientTimeout(total=1800)
     async with aiohttp.ClientSession(timeout=timeout) as s:
-        await complete(s, base, text_prompt(rng, 40), 8)  # warm-up
-        prefill = [await complete(s, base, f"{i} " + text_prompt(rng, 1000), 1)
+        await complete_(s, text_prompt(rng, 40), 8)  # warm-up
+        prefill = [await complete_(s, f"{i} " + text_prompt(rng, 1000), 1)
                    for i in range(2)]
-        ttft = min(r["s"] for r in [await complete(s, base, f"t{i} " + text_prompt(rng, 32), 1)
+        ttft = min(r["s"] for r in [await complete_(s, f"t{i} " + text_prompt(rng, 32), 1)
                                     for i in range(3)])
-        c1 = [await complete(s, base, f"c{i} " + text_prompt(rng, 32), decode_tokens)
+        c1 = [await complete_(s, f"c{i} " + text_prompt(rng, 32), decode_tokens)
               for i in range(2)]
         t0 = time.perf_counter()
-        c8 = await asyncio.gather(*(complete(s, base, f"p{i} " + text_prompt(rng, 32),
+        c8 = await asyncio.gather(*(complete_(s, f"p{i} " + text_prompt(rng, 32),
                                              decode_tokens) for i in range(8)))
         wall8 = time.perf_counter() - t0
     return {
@@ -178,28 +182,29 @@ async def measure(base: str, seed: int, decode_tokens: int) -> dict[str, float]:
     }
 
 
+def port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
 def run_server(server: str, case: ModelCase, files: dict[str, Path], args: argparse.Namespace,
                qtype: str = "BF16") -> dict[str, Any] | None:
+    if not port_free(args.port):  # a server left over would answer (and share the cores)
+        raise SystemExit(f"port {args.port} is in use: stop what listens there first")
     cmd, env = server_command(server, args.port, files, args.threads, qtype)
-    log_path = args.out_dir / f"{case.slug}-{server}-{qtype}.log"
-    print(f"[{case.label}] {server} {qtype}: {' '.join(cmd)}", flush=True)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        base = f"http://127.0.0.1:{args.port}"
-        try:
-            t0 = time.monotonic()
-            wait_ready(base, proc, args.start_timeout)
-            load_s = time.monotonic() - t0
-            res = asyncio.run(measure(base, seed=7, decode_tokens=args.decode_tokens))
-            res.update(load_s=load_s, rss_bytes=rss_bytes(proc.pid))
-            print(f"[{case.label}] {server} {qtype}: {json.dumps(res)}", flush=True)
-            return res
-        except Exception as e:  # noqa: BLE001 - one server failing must not end the run
-            print(f"[{case.label}] {server} FAILED: {e!r} (log: {log_path})", flush=True)
-            return None
-        finally:
-            stop(proc)
+
+    def measure_one(started: Started) -> dict[str, Any]:
+        res = asyncio.run(measure(started.base, started.model, seed=7,
+                                  decode_tokens=args.decode_tokens))
+        res.update(load_s=started.startup_s, rss_bytes=rss_bytes(started.pid))
+        print(f"[{case.label}] {server} {qtype}: {json.dumps(res)}", flush=True)
+        return res
+
+    return serve_and_measure(f"{case.label}] [{server} {qtype}", cmd, env, args.port,
+                             args.out_dir / f"{case.slug}-{server}-{qtype}.log",
+                             args.start_timeout, measure_one)
 
 
 def copy_bandwidth() -> float:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,30 +163,53 @@ async def bench_server(name: str, base: str, model: str, runs: list[Run], out_di
     return results
 
 
+@dataclass(frozen=True)
+class Started:
+    """A server that answered ``/v1/models``: its base URL, model id, pid and start time."""
+
+    base: str
+    model: str
+    pid: int
+    startup_s: float
+
+
+def serve_and_measure(label: str, cmd: list[str], env: dict[str, str], port: int,
+                      log_path: Path, start_timeout: float,
+                      measure: Callable[[Started], dict[str, Any]]) -> dict[str, Any] | None:
+    """Start ``cmd`` (its output to ``log_path``), wait until it serves, ``measure`` it, stop
+    it; None (logged) if it failed to start or to run: one server failing must not end a
+    comparison."""
+    print(f"[{label}] starting: {' '.join(cmd)}", flush=True)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            t0 = time.monotonic()
+            model = wait_ready(base, proc, start_timeout)
+            started = Started(base, model, proc.pid, time.monotonic() - t0)
+            print(f"[{label}] ready in {started.startup_s:.0f} s (model {model})", flush=True)
+            return measure(started)
+        except Exception as e:  # noqa: BLE001 - reported, and the next server runs
+            print(f"[{label}] FAILED: {e!r} (log: {log_path})", flush=True)
+            return None
+        finally:
+            stop(proc)
+
+
 def run_server(name: str, runs: list[Run], out_dir: Path, args: argparse.Namespace,
                hf: Path, gguf: Path) -> dict[str, Any] | None:
     """Start ``name``, benchmark it, stop it; None (logged) if it failed to start or run."""
     cmd, env = server_command(name, args.port, hf, gguf, args.threads, args.dtype)
-    log_path = out_dir / f"{name}.log"
-    print(f"[{name}] starting: {' '.join(cmd)}", flush=True)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        base = f"http://127.0.0.1:{args.port}"
-        try:
-            t0 = time.monotonic()
-            model = wait_ready(base, proc, args.start_timeout)
-            started = time.monotonic() - t0
-            print(f"[{name}] ready in {started:.0f} s (model {model})", flush=True)
-            res = asyncio.run(bench_server(name, base, model, runs, out_dir, args.max_tokens,
-                                           str(hf)))
-            res["startup_s"] = started
-            return res
-        except Exception as e:  # noqa: BLE001 - one peer failing must not end the comparison
-            print(f"[{name}] FAILED: {e!r} (log: {log_path})", flush=True)
-            return None
-        finally:
-            stop(proc)
+
+    def measure(s: Started) -> dict[str, Any]:
+        res = asyncio.run(bench_server(name, s.base, s.model, runs, out_dir, args.max_tokens,
+                                       str(hf)))
+        res["startup_s"] = s.startup_s
+        return res
+
+    return serve_and_measure(name, cmd, env, args.port, out_dir / f"{name}.log",
+                             args.start_timeout, measure)
 
 
 def point(res: dict[str, Any] | None, run: str) -> dict[str, Any] | None:

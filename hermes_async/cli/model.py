@@ -25,6 +25,20 @@ def register(subparsers: Any) -> None:
     convert.set_defaults(func=run_convert)
 
 
+def _print_dir(args: argparse.Namespace, command: str, make: Any) -> int:
+    """Print the directory ``make(home, progress=...)`` returns as the last stdout line; 0, or 1
+    after printing a :class:`ModelFetchError` to stderr."""
+    from hermes_async.model.default_model import ModelFetchError
+
+    try:
+        path = make(Path(args.home) if args.home else None, progress=not args.quiet)
+    except ModelFetchError as exc:
+        print(f"hermes-async model {command}: error: {exc}", file=sys.stderr)
+        return 1
+    print(path, flush=True)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Prepare the default model (from its GGUF, once); print its directory as the last
     stdout line.
@@ -33,27 +47,13 @@ def run(args: argparse.Namespace) -> int:
     ``args.quiet``: no progress on stderr. Returns 0, or 1 after printing the error to stderr.
     Never imports torch when the model is already prepared.
     """
-    from hermes_async.model.default_model import ModelFetchError, prepare_default_model
+    from hermes_async.model.default_model import prepare_default_model
 
-    try:
-        path = prepare_default_model(Path(args.home) if args.home else None,
-                                     progress=not args.quiet)
-    except ModelFetchError as exc:
-        print(f"hermes-async model fetch: error: {exc}", file=sys.stderr)
-        return 1
-    print(path, flush=True)
-    return 0
+    return _print_dir(args, "fetch", prepare_default_model)
 
 
 def run_convert(args: argparse.Namespace) -> int:
     """Convert the default model into a float32 Hugging Face directory (once); print it."""
-    from hermes_async.model.default_model import ModelFetchError, fetch_default_model
+    from hermes_async.model.default_model import fetch_default_model
 
-    try:
-        path = fetch_default_model(Path(args.home) if args.home else None,
-                                   progress=not args.quiet)
-    except ModelFetchError as exc:
-        print(f"hermes-async model convert: error: {exc}", file=sys.stderr)
-        return 1
-    print(path, flush=True)
-    return 0
+    return _print_dir(args, "convert", fetch_default_model)

@@ -62,6 +62,11 @@ class TorchLayerOps:
             emb = torch.cat((freqs, freqs), dim=-1)
             out.append(((emb.cos() * scaling).to(dtype)[:, None, :],
                         (emb.sin() * scaling).to(dtype)[:, None, :]))
+        switch = self.spec.rope_switch_position
+        if switch is not None:  # longrope: table 0 is short before the switch, long from it
+            late = (positions >= switch)[:, None, None]
+            out[0] = (torch.where(late, out[1][0], out[0][0]),
+                      torch.where(late, out[1][1], out[0][1]))
         return out
 
     def rotary(self, rope: object, q: torch.Tensor, k: torch.Tensor,
@@ -135,6 +140,9 @@ class VllmCpuLayerOps(TorchLayerOps):
                 # [max_pos, head_dim]: cos then sin of each frequency, as the kernel reads them
                 self.cos_sin.append(torch.cat(((freqs.cos() * scaling),
                                                (freqs.sin() * scaling)), dim=-1).to(dtype))
+            switch = spec.rope_switch_position
+            if switch is not None:  # longrope: short rows, then the long table's
+                self.cos_sin[0] = torch.cat((self.cos_sin[0][:switch], self.cos_sin[1][switch:]))
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:

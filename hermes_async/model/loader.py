@@ -102,6 +102,9 @@ def _gguf_tensors(file: GGUFFile, spec: ModelSpec, dtype: str) -> tuple[TensorSo
     types = ", ".join(f"{n} {t}" for t, n in sorted(file.type_counts().items()))
     log.info("GGUF %s: %s tensors (%.1f MiB) dequantized to %s at load (no quantized "
              "kernels yet)", gguf_path.name, types, file.nbytes() / 2**20, dtype)
+    if "rope_factors_long.weight" in file:
+        raise ModelLoadError(f"{gguf_path}: longrope factors (rope_factors_long.weight) are not "
+                             "read from GGUF files yet; serve the Hugging Face directory")
     if "rope_freqs.weight" in file:
         factors = file.dequantized("rope_freqs.weight")
         if factors.shape != spec.inv_freq.shape:

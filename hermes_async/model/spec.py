@@ -56,6 +56,9 @@ class ModelSpec:
     # layer's table index (empty: table 0 everywhere); Gemma 3: local and global bases
     extra_rope_tables: tuple[tuple[torch.Tensor, float], ...] = ()
     layer_rope_tables: tuple[int, ...] = ()
+    # Phi-3 longrope: positions from this one on rotate with table 1 (the long factors), the
+    # earlier ones with table 0 (short); a key keeps the rotation it was written with
+    rope_switch_position: int | None = None
     # mixture of experts (Qwen3-MoE): per layer whether its MLP is the sparse block
     moe_layers: tuple[bool, ...] = ()
     num_experts: int = 0

@@ -27,9 +27,10 @@ def test_spec_reads_shape_and_family_options(tiny_arch_dir):
     assert spec.qkv_bias is (family in ("Qwen2ForCausalLM", "SeedOssForCausalLM"))
     assert spec.o_bias is False
     assert spec.tie_word_embeddings is (family in ("LlamaForCausalLM", "GraniteForCausalLM",
-                                                   "SmolLM3ForCausalLM", "Gemma3ForCausalLM"))
-    assert spec.sliding_windows[0] == (40 if family in ("MistralForCausalLM",
-                                                        "Gemma3ForCausalLM") else None)
+                                                   "SmolLM3ForCausalLM", "Gemma3ForCausalLM",
+                                                   "Gemma2ForCausalLM"))
+    assert spec.sliding_windows[0] == (40 if family in ("MistralForCausalLM", "Gemma3ForCausalLM",
+                                                        "Gemma2ForCausalLM") else None)
     assert spec.qk_norm == {"Qwen3ForCausalLM": "head", "Olmo2ForCausalLM": "full",
                             "Gemma3ForCausalLM": "head", "Qwen3MoeForCausalLM": "head"}.get(
         family, "none")
@@ -38,7 +39,15 @@ def test_spec_reads_shape_and_family_options(tiny_arch_dir):
         assert (spec.num_experts, spec.experts_per_token, spec.moe_intermediate_size) == (8, 2, 48)
         assert spec.norm_topk_prob
     assert spec.pre_norms is (family != "Olmo2ForCausalLM")
-    assert spec.post_norms is (family in ("Olmo2ForCausalLM", "Gemma3ForCausalLM"))
+    assert spec.post_norms is (family in ("Olmo2ForCausalLM", "Gemma3ForCausalLM",
+                                          "Gemma2ForCausalLM"))
+    assert (spec.attn_softcap, spec.final_softcap) == (
+        (2.0, 5.0) if family == "Gemma2ForCausalLM" else (None, None))
+    if family == "Gemma2ForCausalLM":  # alternating local and global layers, one RoPE base
+        assert spec.sliding_windows == (40, None, 40) and spec.layer_rope_tables == ()
+        assert spec.activation == "gelu_tanh" and spec.embedding_scale == 8.0
+        assert spec.scale == 24 ** -0.5
+        return
     if family == "Gemma3ForCausalLM":  # local layers (0, 2) on their own RoPE base
         assert spec.layer_rope_tables == (1, 0, 1) and spec.sliding_windows[1] is None
         assert spec.activation == "gelu_tanh" and spec.embedding_scale == 8.0

@@ -128,32 +128,22 @@ def mistral_tokenizer() -> Any:
     return build_mistral_tokenizer()
 
 
-@pytest.fixture(scope="session")
-def gemma_tokenizer() -> Any:
-    from tests.prompt.family_templates import build_gemma_tokenizer
+def _family_tokenizer(name: str) -> Any:
+    """A session fixture ``<name>_tokenizer`` over ``family_templates.BUILDERS[name]``."""
 
-    return build_gemma_tokenizer()
+    @pytest.fixture(scope="session", name=f"{name}_tokenizer")
+    def fixture() -> Any:
+        from tests.prompt.family_templates import BUILDERS
 
+        return BUILDERS[name]()
 
-@pytest.fixture(scope="session")
-def phi_tokenizer() -> Any:
-    from tests.prompt.family_templates import build_phi_tokenizer
-
-    return build_phi_tokenizer()
+    return fixture
 
 
-@pytest.fixture(scope="session")
-def granite_tokenizer() -> Any:
-    from tests.prompt.family_templates import build_granite_tokenizer
-
-    return build_granite_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def hermes_tokenizer() -> Any:
-    from tests.prompt.family_templates import build_hermes_tokenizer
-
-    return build_hermes_tokenizer()
+gemma_tokenizer = _family_tokenizer("gemma")
+phi_tokenizer = _family_tokenizer("phi")
+granite_tokenizer = _family_tokenizer("granite")
+hermes_tokenizer = _family_tokenizer("hermes")
 
 
 @pytest.fixture(scope="session", params=["smol", "llama", "mistral"])

@@ -146,10 +146,10 @@ def _candidates(entries: Sequence[str], spec: ModelSpec, block_size: int, dtype:
     for entry in entries:
         try:
             cls, path = resolve_entry(entry)
-            paths = ((path,) if path is not None
-                     else cls.code_paths(features, dtype, spec.head_dim))
             if spec.attn_softcap is not None and not cls.supports_softcap:
                 raise BackendUnavailable("its kernels have no attention soft-capping (Gemma 2)")
+            paths = ((path,) if path is not None
+                     else cls.code_paths(features, dtype, spec.head_dim))
             layer_ops = tuple(cls.layer_op_paths()) if cls.needs_probe else ()
             made = []
             for p in paths:

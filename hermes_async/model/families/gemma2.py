@@ -4,7 +4,8 @@ local and global layers alternating (``layer_types``), and soft-capping of the a
 scores (``attn_logit_softcapping``) and of the final logits (``final_logit_softcapping``).
 The fast CPU kernels have no soft-capping: ``auto`` serves it on the ``torch`` backend."""
 
-from hermes_async.model.families.base import Family, GGUFFacts, GGUFLayout, TensorNames
+from hermes_async.model.families.base import Family, GGUFFacts, GGUFLayout
+from hermes_async.model.families.gemma3 import NAMES, gguf_query_scalar
 from hermes_async.model.spec import windows_from_layer_types
 
 
@@ -30,17 +31,12 @@ def gguf_config(facts: GGUFFacts) -> dict[str, object]:
     return {
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
                         for i in range(n)],
-        "query_pre_attn_scalar": (round(facts.float("attention.scale", 0.0) ** -2)
-                                  if facts.get("attention.scale") else head_dim),
+        "query_pre_attn_scalar": gguf_query_scalar(facts, head_dim),
         "attn_logit_softcapping": facts.float("attn_logit_softcapping", 50.0),
         "final_logit_softcapping": facts.float("final_logit_softcapping", 30.0),
         "hidden_activation": "gelu_pytorch_tanh",
     }
 
 
-FAMILY = Family("gemma2", ("Gemma2ForCausalLM",), options,
-                TensorNames(mlp_norm="pre_feedforward_layernorm.weight",
-                            attn_out_norm="post_attention_layernorm.weight",
-                            mlp_out_norm="post_feedforward_layernorm.weight"),
-                norm_weight_offset=1.0,
+FAMILY = Family("gemma2", ("Gemma2ForCausalLM",), options, NAMES, norm_weight_offset=1.0,
                 gguf=GGUFLayout("gemma2", "gemma2", config=gguf_config))

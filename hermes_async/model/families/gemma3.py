@@ -34,6 +34,12 @@ GGUF_WINDOW_PERIOD = 6
 GGUF_LOCAL_ROPE_BASE = 10000.0
 
 
+def gguf_query_scalar(facts: GGUFFacts, default: int) -> int:
+    """``query_pre_attn_scalar`` from ``attention.scale`` where the file states it."""
+    scale = facts.get("attention.scale")
+    return round(facts.float("attention.scale", 0.0) ** -2) if scale else default
+
+
 def gguf_config(facts: GGUFFacts) -> dict[str, object]:
     n = int(facts.get("block_count", 0))
     pattern = facts.get("attention.sliding_window_pattern", GGUF_WINDOW_PERIOD)
@@ -53,9 +59,8 @@ def gguf_config(facts: GGUFFacts) -> dict[str, object]:
             "full_attention": full,
             "sliding_attention": {"rope_type": "default", "rope_theta": float(
                 facts.get("rope.freq_base_swa", GGUF_LOCAL_ROPE_BASE))}},
-        "query_pre_attn_scalar": (round(facts.float("attention.scale", 0.0) ** -2)
-                                  if facts.get("attention.scale") else
-                                  hidden // heads if n == 62 else head_dim),
+        "query_pre_attn_scalar": gguf_query_scalar(facts,
+                                                   hidden // heads if n == 62 else head_dim),
         "hidden_activation": "gelu_pytorch_tanh",
     }
 

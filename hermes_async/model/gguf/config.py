@@ -46,11 +46,6 @@ def _required(facts: GGUFFacts, key: str) -> Any:
     return value
 
 
-def _float32(value: Any) -> float:
-    """A float32 metadata value as the decimal it was written from (1e-05, not 9.99e-06)."""
-    return float(f"{float(value):.7g}")
-
-
 def _rope_parameters(facts: GGUFFacts, head_dim: int) -> dict[str, Any]:
     params: dict[str, Any] = {"rope_type": "default",
                               "rope_theta": float(_scalar(facts, "rope.freq_base", 10000.0))}
@@ -92,7 +87,7 @@ def hf_config(file: GGUFFile) -> dict[str, Any]:
         "num_attention_heads": heads,
         "num_key_value_heads": int(_scalar(facts, "attention.head_count_kv", heads)),
         "head_dim": head_dim,
-        "rms_norm_eps": _float32(_scalar(facts, "attention.layer_norm_rms_epsilon", 1e-6)),
+        "rms_norm_eps": facts.float("attention.layer_norm_rms_epsilon", 1e-6),
         "max_position_embeddings": int(_scalar(facts, "context_length", 2048)),
         "tie_word_embeddings": "output.weight" not in facts.tensors,
         "attention_bias": "blk.0.attn_q.bias" in facts.tensors,

@@ -108,10 +108,10 @@ def _family_metadata(arch: str, cfg: Any, w: Any) -> None:
                            w.add_rope_freq_base_swa(
                                cfg.rope_parameters["sliding_attention"]["rope_theta"]),
                            w.add_attention_scale(float(cfg.query_pre_attn_scalar) ** -0.5)),
+        "gemma2": lambda: (w.add_attn_logit_softcapping(cfg.attn_logit_softcapping),
+                           w.add_final_logit_softcapping(cfg.final_logit_softcapping),
+                           w.add_attention_scale(float(cfg.query_pre_attn_scalar) ** -0.5)),
     }
-    extra["gemma2"] = lambda: (w.add_attn_logit_softcapping(cfg.attn_logit_softcapping),
-                               w.add_final_logit_softcapping(cfg.final_logit_softcapping),
-                               w.add_attention_scale(float(cfg.query_pre_attn_scalar) ** -0.5))
     if arch in extra:
         extra[arch]()
 

@@ -37,6 +37,13 @@ class TorchLayerOps:
                bias: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x, weight, bias)
 
+    def grouped_mm(self, x: torch.Tensor, weights: torch.Tensor,
+                   offsets: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[P, K]`` (rows sorted by group) times ``weights`` ``[G, K, N]``: rows
+        ``offsets[g - 1]`` to ``offsets[g]`` (int32 cumulative ends) by group ``g``; ``[P, N]``
+        in ``x``'s dtype (torch's ``_grouped_mm``: one matmul per group)."""
+        return torch._grouped_mm(x, weights, offs=offsets)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm computed in float32 and cast back, as the reference implementation does."""
         h = x.float()

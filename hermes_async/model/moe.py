@@ -4,9 +4,10 @@ matmul per projection for the whole step.
 Routing as transformers computes it: router logits, softmax in float32, the top ``k`` experts
 per token, renormalised over those ``k`` when ``norm_topk_prob``, cast to the activations'
 dtype. The ``T * k`` (token, expert) pairs are sorted by expert, and each projection runs as
-one ``torch._grouped_mm`` over the experts' stacked weights (groups by the sorted offsets;
-empty experts cost nothing): no Python loop over experts. Outputs are weighted and summed back
-per token with one ``index_add_``.
+one grouped matmul over the experts' stacked weights (``ops.grouped_mm``, groups by the sorted
+offsets: torch's ``_grouped_mm``, or at decode sizes our ``grouped_gemv`` reading only the
+routed experts, where its probe admitted it): no Python loop over experts. Outputs are
+weighted and summed back per token with one ``index_add_``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def moe_mlp(ops: TorchLayerOps, x: torch.Tensor, router: torch.Tensor, gate_up: 
     order = torch.argsort(flat, stable=True)
     tokens = order // top_k
     offsets = torch.bincount(flat, minlength=num_experts).cumsum(0).to(torch.int32)
-    h = torch._grouped_mm(x[tokens], gate_up, offs=offsets)
-    y = torch._grouped_mm(ops.act_mul(h), down, offs=offsets)
+    h = ops.grouped_mm(x[tokens], gate_up, offsets)
+    y = ops.grouped_mm(ops.act_mul(h), down, offsets)
     y = y * weights.reshape(-1)[order, None]
     return torch.zeros_like(x).index_add_(0, tokens, y)

@@ -5,9 +5,10 @@ Run in the probe's child process (:mod:`.child`) on the model's shapes with rand
 with and without bias; oneDNN's verbose log says which implementation ran, e.g.
 ``brg_matmul:avx512_core_amx`` on an AMX CPU), ``vllm-fused-ops`` (RMSNorm, residual add +
 RMSNorm, neox rotary, SiLU-and-multiply), ``native-gemv`` (our bfloat16 GEMV over packed
-weights, 1-8 rows) and ``native-silu`` (our SiLU-and-multiply). Linear shapes with more than
-:data:`MAX_PROBE_ELEMENTS` weights are probed with fewer output rows, keeping ``N`` modulo 64
-(the kernels' tails).
+weights, 1-8 rows), ``native-moe`` (our grouped GEMV over the experts' stacked weights, both
+projections, 0-9 rows per expert) and ``native-silu`` (our SiLU-and-multiply). Linear shapes
+with more than :data:`MAX_PROBE_ELEMENTS` weights are probed with fewer output rows, keeping
+``N`` modulo 64 (the kernels' tails).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ MAX_PROBE_ELEMENTS = 8 << 20
 RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 1.6e-2, "float16": 2e-3}
 LINEAR_ROWS = (1, 3, 8, 33)
 GEMV_ROWS = (1, 2, 5, 8)
+MOE_PROBE_EXPERTS = 6  # of the model's experts: enough for empty ones and every row count
+MOE_ROW_COUNTS = ((1, 0, 2, 0, 3, 4), (5, 9, 0, 1, 0, 7), (0, 0, 0, 0, 0, 1))
 TOKEN_COUNTS = (1, 7, 33)
 EPS = 1e-6
 
@@ -197,6 +200,41 @@ def probe_native_gemv(shapes: ProbeShapes) -> ProbeReport:
     if not worst.cases:
         raise NotApplicable("no linear shape the GEMV takes (N % 16, K % 2)")
     return worst.report(shapes.dtype, f"rows {', '.join(map(str, GEMV_ROWS))}")
+
+
+def probe_native_moe(shapes: ProbeShapes) -> ProbeReport:
+    """``grouped_gemv`` on the model's two expert projections (``[hidden, 2 * I]`` and
+    ``[I, hidden]`` per expert, a few experts) with rows per expert from none to past its
+    4-row groups."""
+    from hermes_async.model.attention import native
+
+    native.load()
+    ops = torch.ops.hermes_native
+    if not shapes.experts:
+        raise NotApplicable("no mixture-of-experts layers")
+    if shapes.dtype not in ("bfloat16", "float32"):
+        raise NotApplicable("the grouped GEMV reads bfloat16 or float32 experts")
+    if not ops.grouped_gemv_supported():
+        raise NotApplicable("the grouped GEMV needs AVX512F")
+    _, _, hidden, inter = shapes.experts
+    dtype = DTYPES[shapes.dtype]
+    gen = torch.Generator().manual_seed(19)
+    worst = _Worst()
+    for k, n in ((hidden, 2 * inter), (inter, hidden)):
+        if n % 16:
+            raise NotApplicable(f"expert projections of {n} columns (the kernel takes N % 16)")
+        w = (torch.randn(MOE_PROBE_EXPERTS, k, n, generator=gen) / k ** 0.5).to(dtype)
+        for counts in MOE_ROW_COUNTS:
+            rows = sum(counts)
+            x = torch.randn(rows, k, generator=gen).to(dtype)
+            offsets = torch.tensor(counts).cumsum(0).to(torch.int32)
+            out = torch.empty(rows, n)
+            ops.grouped_gemv(out, x.float(), w, offsets)
+            ends = offsets.tolist()
+            ref = torch.cat([x[a:b].double() @ w[e].double() for e, (a, b) in
+                             enumerate(zip([0, *ends[:-1]], ends, strict=True))])
+            worst.add(out, ref)
+    return worst.report(shapes.dtype, f"{MOE_PROBE_EXPERTS} experts, rows per expert 0-9")
 
 
 def probe_native_silu(shapes: ProbeShapes) -> ProbeReport:

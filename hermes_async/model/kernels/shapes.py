@@ -16,7 +16,9 @@ from hermes_async.model.spec import ModelSpec
 @dataclass(frozen=True)
 class ProbeShapes:
     """What the kernels of one model see; ``linears`` are the distinct ``(N, K)`` weight shapes
-    (``x @ W.T`` with ``W`` ``[N, K]``), ``windows`` the distinct sliding windows (None: full)."""
+    (``x @ W.T`` with ``W`` ``[N, K]``), ``windows`` the distinct sliding windows (None: full),
+    ``experts`` the mixture-of-experts block's (experts, top k, hidden, expert intermediate),
+    empty without one."""
 
     dtype: str
     num_heads: int
@@ -29,6 +31,7 @@ class ProbeShapes:
     windows: tuple[int | None, ...] = (None,)
     rope_theta: float = 10000.0
     num_threads: int = 1
+    experts: tuple[int, ...] = ()
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, block_size: int, dtype: str,
@@ -39,11 +42,13 @@ class ProbeShapes:
                    (2 * spec.intermediate_size, h), (h, spec.intermediate_size),
                    (spec.vocab_size, h)]
         windows = sorted(set(spec.sliding_windows), key=lambda w: -1 if w is None else w)
+        experts = ((spec.num_experts, spec.experts_per_token, h, spec.moe_intermediate_size)
+                   if any(spec.moe_layers) else ())
         return cls(dtype=dtype, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                    head_dim=spec.head_dim, block_size=block_size, hidden_size=h,
                    intermediate_size=spec.intermediate_size,
                    linears=tuple(dict.fromkeys(linears)), windows=tuple(windows),
-                   num_threads=num_threads)
+                   num_threads=num_threads, experts=experts)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -53,6 +58,7 @@ class ProbeShapes:
         fields = dict(data)
         fields["linears"] = tuple(tuple(x) for x in fields["linears"])  # type: ignore[union-attr]
         fields["windows"] = tuple(fields["windows"])  # type: ignore[arg-type]
+        fields["experts"] = tuple(fields.get("experts", ()))  # type: ignore[arg-type]
         return cls(**fields)  # type: ignore[arg-type]
 
     def describe(self) -> str:

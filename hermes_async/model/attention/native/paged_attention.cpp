@@ -35,7 +35,8 @@
 // Files: common.h (vectors, work items, scratch), rows_path.h, columns_path.h, bf16_paths.h,
 // split.h; this file splits the work, dispatches each item to its path and registers the ops,
 // with two that are not attention: silu_and_mul (activations.h, the MLP activation) and
-// pack_for_gemv / gemv_packed (gemv.h, the linears of decode steps with a few rows).
+// pack_for_gemv / gemv_packed (gemv.h, the linears of decode steps with a few rows), and
+// grouped_gemv (grouped_gemv.h, the experts of a mixture-of-experts block at decode sizes).
 
 #include <torch/library.h>
 
@@ -43,6 +44,7 @@
 #include "bf16_paths.h"
 #include "columns_path.h"
 #include "gemv.h"
+#include "grouped_gemv.h"
 #include "common.h"
 #include "rows_path.h"
 #include "split.h"
@@ -244,6 +246,8 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor key_cac
 
 using hermes_native::gemv_packed;
 using hermes_native::gemv_supported;
+using hermes_native::grouped_gemv;
+using hermes_native::grouped_gemv_supported;
 using hermes_native::pack_for_gemv;
 using hermes_native::paged_attention;
 using hermes_native::silu_and_mul;
@@ -259,6 +263,8 @@ TORCH_LIBRARY(hermes_native, m) {
   m.def("gemv_supported() -> bool", &gemv_supported);
   m.def("pack_for_gemv(Tensor weight) -> Tensor", &pack_for_gemv);
   m.def("gemv_packed(Tensor(a!) out, Tensor x, Tensor packed) -> ()");
+  m.def("grouped_gemv_supported() -> bool", &grouped_gemv_supported);
+  m.def("grouped_gemv(Tensor(a!) out, Tensor x, Tensor w, Tensor offsets) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
@@ -266,4 +272,5 @@ TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
   m.impl("paged_attention", &paged_attention);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("gemv_packed", &gemv_packed);
+  m.impl("grouped_gemv", &grouped_gemv);
 }

@@ -248,6 +248,35 @@ def bytes_per_token(hf: Path) -> int:
     return total
 
 
+RATES = ("prefill_tok_s", "decode_c1_tok_s", "decode_c8_tok_s")
+
+
+def merge_starts(starts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """One server's results over several starts of it: the best rate of each measurement
+    (the per-process bandwidth varies by up to 1.36x on these VMs; the best start is the one
+    the memory system did not hold back), the quickest load, the largest RSS, and each rate's
+    values per start (``<rate>_starts``)."""
+    done = [r for r in starts if r is not None]
+    if not done:
+        return None
+    merged = dict(done[0])
+    for key in RATES:
+        merged[key] = max(r[key] for r in done)
+        merged[f"{key}_starts"] = [r[key] for r in done]
+    merged["load_s"] = min(r["load_s"] for r in done)
+    merged["rss_bytes"] = max(r["rss_bytes"] for r in done)
+    merged["starts"] = len(done)
+    return merged
+
+
+def spread(res: dict[str, Any], key: str) -> str:
+    """``best`` or ``best (lowest-highest)`` over the starts."""
+    values = res.get(f"{key}_starts", [res[key]])
+    if len(values) < 2:
+        return f"{res[key]:.1f}"
+    return f"{res[key]:.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
 def report(rows: list[dict[str, Any]], cpu: str, bandwidth: float) -> str:
     lines = [
         f"CPU: {cpu}; read bandwidth {bandwidth / 1e9:.1f} GB/s; bfloat16 weights (llama.cpp: "
@@ -269,7 +298,7 @@ def report(rows: list[dict[str, Any]], cpu: str, bandwidth: float) -> str:
         lines.append(
             f"| {row['model']} | {row['server']} | {res['load_s']:.0f} | "
             f"{res['rss_bytes'] / 2**30:.1f} | {res['prefill_tok_s']:.0f} | "
-            f"{res['decode_c1_tok_s']:.1f} | {res['decode_c8_tok_s']:.1f} | "
+            f"{spread(res, 'decode_c1_tok_s')} | {spread(res, 'decode_c8_tok_s')} | "
             f"{res['decode_c1_tok_s'] / row['floor_tok_s']:.2f} | {ratio1} | {ratio8} |")
     return "\n".join(lines)
 
@@ -299,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8311)
     ap.add_argument("--decode-tokens", type=int, default=48)
     ap.add_argument("--start-timeout", type=float, default=900)
+    ap.add_argument("--starts", type=int, default=1,
+                    help="starts of each server, interleaved (server A, B, ..., A, B, ...); "
+                         "each rate is the best start's, the table shows the range")
     ap.add_argument("--update-benchmarks", type=Path, default=None)
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -308,12 +340,17 @@ def main(argv: list[str] | None = None) -> int:
     for case in map(parse_case, args.models):
         files = prepare(case, args.work_dir, args.q8)
         floor = bandwidth / bytes_per_token(files["hf"])
-        for server in args.servers:
-            rows.append({"model": case.label, "server": server, "floor_tok_s": floor,
-                         "res": run_server(server, case, files, args)})
+        runs = [(server, "BF16") for server in args.servers]
         if args.q8 and "llamacpp" in args.servers:
-            rows.append({"model": case.label, "server": "llamacpp Q8_0", "floor_tok_s": floor,
-                         "res": run_server("llamacpp", case, files, args, "Q8_0")})
+            runs.append(("llamacpp", "Q8_0"))
+        results: dict[tuple[str, str], list[dict[str, Any] | None]] = {r: [] for r in runs}
+        for _ in range(args.starts):
+            for server, qtype in runs:
+                results[server, qtype].append(run_server(server, case, files, args, qtype))
+        for (server, qtype), starts in results.items():
+            label = server if qtype == "BF16" else f"{server} {qtype}"
+            rows.append({"model": case.label, "server": label, "floor_tok_s": floor,
+                         "res": merge_starts(starts)})
         (args.out_dir / "results.json").write_text(json.dumps(rows, indent=2))
     text = report(rows, cpu_line(), bandwidth)
     (args.out_dir / "report.md").write_text(text + "\n")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hermes_async.model.packed import PackedExperts
 from hermes_async.model.spec import ModelSpec
 
 
@@ -37,11 +38,14 @@ class TorchLayerOps:
                bias: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x, weight, bias)
 
-    def grouped_mm(self, x: torch.Tensor, weights: torch.Tensor,
+    def grouped_mm(self, x: torch.Tensor, weights: torch.Tensor | PackedExperts,
                    offsets: torch.Tensor) -> torch.Tensor:
         """``x`` ``[P, K]`` (rows sorted by group) times ``weights`` ``[G, K, N]``: rows
         ``offsets[g - 1]`` to ``offsets[g]`` (int32 cumulative ends) by group ``g``; ``[P, N]``
-        in ``x``'s dtype (torch's ``_grouped_mm``: one matmul per group)."""
+        in ``x``'s dtype (torch's ``_grouped_mm``: one matmul per group; packed experts
+        unpacked first, the reference)."""
+        if isinstance(weights, PackedExperts):
+            weights = weights.unpack()
         return torch._grouped_mm(x, weights, offs=offsets)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

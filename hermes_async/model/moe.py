@@ -5,8 +5,9 @@ Routing as transformers computes it: router logits, softmax in float32, the top 
 per token, renormalised over those ``k`` when ``norm_topk_prob``, cast to the activations'
 dtype. The ``T * k`` (token, expert) pairs are sorted by expert, and each projection runs as
 one grouped matmul over the experts' stacked weights (``ops.grouped_mm``, groups by the sorted
-offsets: torch's ``_grouped_mm``, or at decode sizes our ``grouped_gemv`` reading only the
-routed experts, where its probe admitted it): no Python loop over experts. Outputs are
+offsets: torch's ``_grouped_mm``, or our grouped GEMVs reading only the routed experts, where
+their probe admitted them: over :class:`PackedExperts` in bfloat16 on AVX512-BF16 CPUs, over
+the stacked weights at decode sizes elsewhere): no Python loop over experts. Outputs are
 weighted and summed back per token with one ``index_add_``.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from hermes_async.model.layer_ops import TorchLayerOps
+from hermes_async.model.packed import PackedExperts
 
 
 def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool,
@@ -27,10 +29,12 @@ def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool,
     return weights.to(dtype), experts
 
 
-def moe_mlp(ops: TorchLayerOps, x: torch.Tensor, router: torch.Tensor, gate_up: torch.Tensor,
-            down: torch.Tensor, top_k: int, norm_topk_prob: bool) -> torch.Tensor:
+def moe_mlp(ops: TorchLayerOps, x: torch.Tensor, router: torch.Tensor,
+            gate_up: torch.Tensor | PackedExperts, down: torch.Tensor | PackedExperts,
+            top_k: int, norm_topk_prob: bool) -> torch.Tensor:
     """The block's output for ``x`` ``[T, hidden]``; ``router`` ``[E, hidden]``, ``gate_up``
-    ``[E, hidden, 2 * I]`` and ``down`` ``[E, I, hidden]`` (stacked, ``x @ W`` layout)."""
+    ``[E, hidden, 2 * I]`` and ``down`` ``[E, I, hidden]`` (stacked, ``x @ W`` layout, or
+    packed)."""
     num_experts = router.shape[0]
     weights, experts = route(ops.linear(x, router), top_k, norm_topk_prob, x.dtype)
     flat = experts.reshape(-1)

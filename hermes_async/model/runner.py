@@ -76,6 +76,9 @@ class ModelRunner:
             memory_fraction=self.cache_config.kv_cache_memory_fraction,
         )
         self.pool = KVPool(shape, self.device, self.attention.kv_layout)
+        prepared = self.attention.prepare_weights(self.model, self.dtype, choice.layer_op_parts)
+        if prepared:
+            log.info("weights: %s", prepared)
         self.model.ops = self.attention.layer_ops(spec, self.dtype, self.model.matmul_weights(),
                                                   choice.layer_op_parts)
         refused = [f"{v.name} ({v.reason})" for v in choice.verdicts

@@ -115,6 +115,13 @@ class AttentionBackend(ABC):
         """The fast layer ops this backend would use, each to be probed."""
         return []
 
+    def prepare_weights(self, model: torch.nn.Module, dtype: torch.dtype,
+                        parts: frozenset[str]) -> str | None:
+        """Re-lay the loaded model's weights in place for this backend's admitted kernels
+        (``parts``) before :meth:`layer_ops` is made; what was done, for the log (None:
+        nothing, the default)."""
+        return None
+
     def layer_ops(self, spec: ModelSpec, dtype: torch.dtype, weights: list[torch.Tensor],
                   parts: frozenset[str] | None = None) -> TorchLayerOps:
         """The decoder's other ops (linears, norms, rotary, activation) that go with this

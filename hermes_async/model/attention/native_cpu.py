@@ -37,6 +37,7 @@ from hermes_async.model.attention.vllm_cpu import (
 from hermes_async.model.attention.vllm_cpu import layer_op_paths as vllm_layer_op_paths
 from hermes_async.model.kernels.paths import LAYER_OP, KernelPath
 from hermes_async.model.layer_ops import TorchLayerOps, VllmCpuLayerOps, gated
+from hermes_async.model.packed import PackedExperts
 from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
 
@@ -85,10 +86,11 @@ class NativeOps:
     a second, packed copy of each weight (``hermes_native::gemv_packed``, the ``native-gemv``
     path: 1.5x oneDNN's matmul at one row here, 1.2x at 8; BENCHMARKS.md); more rows, biases
     and other dtypes take the base class's linear. And the experts' grouped matmuls of decode
-    steps (``hermes_native::grouped_gemv``, the ``native-moe`` path: only the routed experts
-    read, at the memory floor; 1.8-2.6x torch's ``_grouped_mm`` at 1-16 tokens of a 128-expert
-    model), up to ``GROUPED_GEMV_ROWS_PER_EXPERT`` rows per expert on average. Each only where
-    its probe admitted it."""
+    steps (the ``native-moe`` path: only the routed experts read; over :class:`PackedExperts`
+    ``grouped_gemv_packed`` at every step size, 2.9-3.0x torch's ``_grouped_mm`` at 1-16 tokens
+    of a 128-expert model; over stacked float32 experts ``grouped_gemv`` up to
+    ``GROUPED_GEMV_ROWS_PER_EXPERT`` rows per expert on average). Each only where its probe
+    admitted it."""
 
     _gemv: dict[int, torch.Tensor]
     _native_silu: bool
@@ -121,8 +123,15 @@ class NativeOps:
                                             x.reshape(rows, -1).contiguous(), packed)
         return out
 
-    def grouped_mm(self, x: torch.Tensor, weights: torch.Tensor,
+    def grouped_mm(self, x: torch.Tensor, weights: torch.Tensor | PackedExperts,
                    offsets: torch.Tensor) -> torch.Tensor:
+        if isinstance(weights, PackedExperts):
+            if not self._native_moe or x.dtype != torch.bfloat16:
+                return super().grouped_mm(x, weights, offsets)  # type: ignore[misc]
+            out = torch.empty(x.shape[0], weights.shape[2], dtype=x.dtype)
+            torch.ops.hermes_native.grouped_gemv_packed(out, x.contiguous(), weights.packed,
+                                                        offsets)
+            return out
         groups, _, n = weights.shape
         if (not self._native_moe or x.shape[0] > GROUPED_GEMV_ROWS_PER_EXPERT * groups
                 or weights.dtype not in GROUPED_DTYPES or n % 16 or not weights.is_contiguous()):
@@ -204,6 +213,27 @@ class NativeCpuBackend(AttentionBackend):
                 KernelPath(NATIVE_SILU, LAYER_OP, f"{PROBE_OPS}:probe_native_silu",
                            libraries=library),
                 *vllm_layer_op_paths()]
+
+    def prepare_weights(self, model: torch.nn.Module, dtype: torch.dtype,
+                        parts: frozenset[str]) -> str | None:
+        """bfloat16 experts re-laid for our grouped GEMV (:class:`PackedExperts`, in place of
+        the stacked tensors) where ``native-moe`` is admitted and the CPU has AVX512-BF16:
+        every step size then reads each routed expert once as a contiguous stream (decode
+        1.2x, a 512-token prefill 1.8x torch's ``_grouped_mm`` on a Zen 4; BENCHMARKS.md)."""
+        ops = torch.ops.hermes_native
+        if NATIVE_MOE not in parts or dtype != torch.bfloat16 or not ops.gemv_supported():
+            return None
+        packed = 0
+        for layer in model.layers:  # type: ignore[attr-defined]
+            for name in ("experts_gate_up", "experts_down"):
+                w = getattr(layer, name)
+                if not isinstance(w, torch.Tensor) or w.shape[2] % 16 or w.shape[1] % 2:
+                    continue
+                experts = PackedExperts(ops.pack_experts(w.data), tuple(w.shape))
+                del layer._parameters[name]
+                setattr(layer, name, experts)
+                packed += 1
+        return f"{packed} expert projections packed for the grouped GEMV" if packed else None
 
     def layer_ops(self, spec: ModelSpec, dtype: torch.dtype, weights: list[torch.Tensor],
                   parts: frozenset[str] | None = None) -> TorchLayerOps:

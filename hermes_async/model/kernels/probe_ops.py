@@ -6,7 +6,7 @@ with and without bias; oneDNN's verbose log says which implementation ran, e.g.
 ``brg_matmul:avx512_core_amx`` on an AMX CPU), ``vllm-fused-ops`` (RMSNorm, residual add +
 RMSNorm, neox rotary, SiLU-and-multiply), ``native-gemv`` (our bfloat16 GEMV over packed
 weights, 1-8 rows), ``native-moe`` (our grouped GEMV over the experts' stacked weights, both
-projections, 0-9 rows per expert) and ``native-silu`` (our SiLU-and-multiply). Linear shapes
+projections, 0-17 rows per expert) and ``native-silu`` (our SiLU-and-multiply). Linear shapes
 with more than :data:`MAX_PROBE_ELEMENTS` weights are probed with fewer output rows, keeping
 ``N`` modulo 64 (the kernels' tails).
 """
@@ -32,7 +32,7 @@ RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 1.6e-2, "float16": 2e-3}
 LINEAR_ROWS = (1, 3, 8, 33)
 GEMV_ROWS = (1, 2, 5, 8)
 MOE_PROBE_EXPERTS = 6  # of the model's experts: enough for empty ones and every row count
-MOE_ROW_COUNTS = ((1, 0, 2, 0, 3, 4), (5, 9, 0, 1, 0, 7), (0, 0, 0, 0, 0, 1))
+MOE_ROW_COUNTS = ((1, 0, 2, 0, 3, 4), (5, 9, 0, 1, 0, 17), (0, 0, 0, 0, 0, 1))
 TOKEN_COUNTS = (1, 7, 33)
 EPS = 1e-6
 
@@ -203,9 +203,10 @@ def probe_native_gemv(shapes: ProbeShapes) -> ProbeReport:
 
 
 def probe_native_moe(shapes: ProbeShapes) -> ProbeReport:
-    """``grouped_gemv`` on the model's two expert projections (``[hidden, 2 * I]`` and
-    ``[I, hidden]`` per expert, a few experts) with rows per expert from none to past its
-    4-row groups."""
+    """``grouped_gemv`` (stacked experts) and, in bfloat16 on AVX512-BF16 CPUs,
+    ``pack_experts`` + ``grouped_gemv_packed`` on the model's two expert projections
+    (``[hidden, 2 * I]`` and ``[I, hidden]`` per expert, a few experts) with rows per expert from
+    none to past the kernels' 4- and 8-row passes."""
     from hermes_async.model.attention import native
 
     native.load()
@@ -218,23 +219,31 @@ def probe_native_moe(shapes: ProbeShapes) -> ProbeReport:
         raise NotApplicable("the grouped GEMV needs AVX512F")
     _, _, hidden, inter = shapes.experts
     dtype = DTYPES[shapes.dtype]
+    packed_too = dtype == torch.bfloat16 and bool(ops.gemv_supported())
     gen = torch.Generator().manual_seed(19)
     worst = _Worst()
     for k, n in ((hidden, 2 * inter), (inter, hidden)):
         if n % 16:
             raise NotApplicable(f"expert projections of {n} columns (the kernel takes N % 16)")
         w = (torch.randn(MOE_PROBE_EXPERTS, k, n, generator=gen) / k ** 0.5).to(dtype)
+        packed = ops.pack_experts(w) if packed_too and k % 2 == 0 else None
         for counts in MOE_ROW_COUNTS:
             rows = sum(counts)
             x = torch.randn(rows, k, generator=gen).to(dtype)
             offsets = torch.tensor(counts).cumsum(0).to(torch.int32)
-            out = torch.empty(rows, n)
-            ops.grouped_gemv(out, x.float(), w, offsets)
             ends = offsets.tolist()
             ref = torch.cat([x[a:b].double() @ w[e].double() for e, (a, b) in
                              enumerate(zip([0, *ends[:-1]], ends, strict=True))])
+            out = torch.empty(rows, n)
+            ops.grouped_gemv(out, x.float(), w, offsets)
             worst.add(out, ref)
-    return worst.report(shapes.dtype, f"{MOE_PROBE_EXPERTS} experts, rows per expert 0-9")
+            if packed is not None:
+                out16 = torch.empty(rows, n, dtype=torch.bfloat16)
+                ops.grouped_gemv_packed(out16, x, packed, offsets)
+                worst.add(out16, ref)
+    what = "stacked and packed" if packed_too else "stacked"
+    return worst.report(shapes.dtype, f"{what}, {MOE_PROBE_EXPERTS} experts, rows per expert "
+                                      "0-17")
 
 
 def probe_native_silu(shapes: ProbeShapes) -> ProbeReport:

@@ -247,7 +247,9 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor key_cac
 using hermes_native::gemv_packed;
 using hermes_native::gemv_supported;
 using hermes_native::grouped_gemv;
+using hermes_native::grouped_gemv_packed;
 using hermes_native::grouped_gemv_supported;
+using hermes_native::pack_experts;
 using hermes_native::pack_for_gemv;
 using hermes_native::paged_attention;
 using hermes_native::silu_and_mul;
@@ -265,6 +267,8 @@ TORCH_LIBRARY(hermes_native, m) {
   m.def("gemv_packed(Tensor(a!) out, Tensor x, Tensor packed) -> ()");
   m.def("grouped_gemv_supported() -> bool", &grouped_gemv_supported);
   m.def("grouped_gemv(Tensor(a!) out, Tensor x, Tensor w, Tensor offsets) -> ()");
+  m.def("pack_experts(Tensor w) -> Tensor", &pack_experts);
+  m.def("grouped_gemv_packed(Tensor(a!) out, Tensor x, Tensor packed, Tensor offsets) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
@@ -273,4 +277,5 @@ TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("gemv_packed", &gemv_packed);
   m.impl("grouped_gemv", &grouped_gemv);
+  m.impl("grouped_gemv_packed", &grouped_gemv_packed);
 }

@@ -19,6 +19,7 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "vllm-cpu", "native-cpu", "flashinfer")
 ATTENTION_CODE_PATHS = ("vllm-cpu:amx", "vllm-cpu:vec", "vllm-cpu:vec16")
 KERNEL_PROBE_MODES = ("cached", "fresh")
+QUANTIZATIONS = ("none", "int8", "int4", "int4-g128")
 
 
 class ConfigError(ValueError):
@@ -53,6 +54,13 @@ class ModelConfig:
         torch, libraries, dtype and shapes, so a normal start probes nothing) or ``fresh``
         (probe again at this start).
     kernel_probe_timeout_s: how long one probe may run before it counts as hung.
+    quantization: the linears' weights: ``none`` (as loaded), ``int8`` (symmetric, one scale
+        per output channel), ``int4`` (asymmetric, groups of 32 along K) or ``int4-g128``
+        (groups of 128), quantized at start-up (the log gives the bytes before and after):
+        decode steps read a half (int8) or about a quarter (int4) of bfloat16's bytes
+        (``hermes_async.model.quant``). Their kernels (``native-int8``, ``native-int4``:
+        bfloat16 on AVX512-BF16 CPUs) are probed like the others; where refused or absent,
+        the weights are dequantized per call (correct, slow).
     cuda_graphs: capture CUDA graphs of decode batches at start-up and replay them (CUDA with
         the ``flashinfer`` backend only; no effect elsewhere): see
         ``hermes_async.model.cuda_graphs``. Off by default until it has run on a GPU.
@@ -67,6 +75,7 @@ class ModelConfig:
     cuda_graphs: bool = False
     kernel_probe: str = "cached"
     kernel_probe_timeout_s: float = 120.0
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         entries = [e.strip() for e in str(self.attention_backend).split(",")]
@@ -89,6 +98,9 @@ class ModelConfig:
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(
                 f"model.dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"model.quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                              f"not {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("model.max_model_len must be at least 2")
         if self.num_threads is not None and self.num_threads < 1:

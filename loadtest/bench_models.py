@@ -63,11 +63,13 @@ def parse_case(text: str) -> ModelCase:
     return ModelCase(name, int(layers) if layers else None)
 
 
-def prepare(case: ModelCase, work: Path, q8: bool) -> dict[str, Path]:
+def prepare(case: ModelCase, work: Path, q8: bool,
+            qtypes: tuple[str, ...] | None = None) -> dict[str, Path]:
     """The HF directory (bfloat16) and its GGUFs; the tokenizer is the embedded model's,
     padded in the GGUF to the model's vocabulary (``[PAD<i>]`` entries, as llama.cpp needs
     them), and that padded tokenizer (as hermes rebuilds it from the GGUF) goes into the HF
-    directory too, so that no server meets an id its tokenizer lacks."""
+    directory too, so that no server meets an id its tokenizer lacks. ``qtypes``: the GGUFs
+    to write (default BF16, and Q8_0 with ``q8``)."""
     from shaped_models import make
 
     from hermes_async.model.default_model import fetch_default_model
@@ -80,7 +82,9 @@ def prepare(case: ModelCase, work: Path, q8: bool) -> dict[str, Path]:
         print(f"[prepare] {case.label}: random weights -> {hf}", flush=True)
         make(case.name, hf, case.layers)
     out = {"hf": hf}
-    for qtype in ("BF16", "Q8_0") if q8 else ("BF16",):
+    if qtypes is None:
+        qtypes = ("BF16", "Q8_0") if q8 else ("BF16",)
+    for qtype in dict.fromkeys(("BF16", *qtypes)):
         path = work / f"{case.slug}.{qtype}.gguf"
         if not path.is_file():
             print(f"[prepare] {case.label}: {qtype} GGUF -> {path}", flush=True)
@@ -260,7 +264,7 @@ def merge_starts(starts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     if not done:
         return None
     merged = dict(done[0])
-    for key in RATES:
+    for key in [k for k in done[0] if k in RATES or k.endswith("_tok_s")]:
         merged[key] = max(r[key] for r in done)
         merged[f"{key}_starts"] = [r[key] for r in done]
     merged["load_s"] = min(r["load_s"] for r in done)

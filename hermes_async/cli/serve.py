@@ -33,6 +33,9 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8000; 0: any)")
     serve.add_argument("--dtype", default=None, choices=DTYPES)
+    serve.add_argument("--quantization", default=None, choices=config_mod.QUANTIZATIONS,
+                       help="the linears' weights: none (as loaded), int8, int4 or int4-g128 "
+                            "(model.quantization)")
     serve.add_argument("--api-key", default=None, help="require this key (tenant 'default')")
     serve.add_argument("--replicas", type=int, default=None,
                        help="N >= 2 engine replicas behind one endpoint on Ray Serve (the "
@@ -56,6 +59,8 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
         model["path"] = args.model
     if args.dtype:
         model["dtype"] = args.dtype
+    if args.quantization:
+        model["quantization"] = args.quantization
     server: dict[str, Any] = {}
     if args.host is not None:
         server["host"] = args.host

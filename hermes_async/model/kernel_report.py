@@ -27,7 +27,8 @@ def kernel_report(model: ModelConfig, cache: CacheConfig, *, fresh: bool = False
     dtype_name, dtype_reason = resolve_dtype(model.dtype, device)
     choice = select_for_config(model, cache, spec, DTYPES[dtype_name], device, fresh=fresh)
     features = current()
-    shapes = ProbeShapes.from_spec(spec, choice.block_size, dtype_name, torch.get_num_threads())
+    shapes = ProbeShapes.from_spec(spec, choice.block_size, dtype_name, torch.get_num_threads(),
+                                   model.quantization)
     return {
         "cpu_kind": features.kind, "cpu_flags": features.summary(), "torch": torch.__version__,
         "model": f"{model_dir} ({spec.architecture}); dtype {dtype_reason}",

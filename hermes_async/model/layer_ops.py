@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from hermes_async.model.packed import PackedExperts
+from hermes_async.model.quant.weights import QuantizedWeight
 from hermes_async.model.spec import ModelSpec
 
 
@@ -34,9 +35,17 @@ class TorchLayerOps:
         # each RoPE table's inv_freq per device
         self._inv_freq: dict[tuple[torch.device, int], torch.Tensor] = {}
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight,
                bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight):
+            return self.quantized_linear(x, weight, bias)
         return F.linear(x, weight, bias)
+
+    def quantized_linear(self, x: torch.Tensor, weight: QuantizedWeight,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` times a quantized weight: here the reference, the weight dequantized
+        (``q * scale`` in float32, rounded to ``x``'s dtype) for each call."""
+        return F.linear(x, weight.dequantize(x.dtype), bias)
 
     def grouped_mm(self, x: torch.Tensor, weights: torch.Tensor | PackedExperts,
                    offsets: torch.Tensor) -> torch.Tensor:
@@ -155,8 +164,10 @@ class VllmCpuLayerOps(TorchLayerOps):
             if switch is not None:  # longrope: short rows, then the long table's
                 self.cos_sin[0] = torch.cat((self.cos_sin[0][:switch], self.cos_sin[1][switch:]))
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight,
                bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight):
+            return self.quantized_linear(x, weight, bias)
         packed = self._linears.get(weight.data_ptr())
         if packed is None:  # not prepacked (refused, or a weight added later): the plain path
             return F.linear(x, weight, bias)

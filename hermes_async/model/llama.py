@@ -19,6 +19,7 @@ from hermes_async.model.attention import AttentionPlan
 from hermes_async.model.kv_pool import KVPool
 from hermes_async.model.layer_ops import TorchLayerOps
 from hermes_async.model.moe import moe_mlp
+from hermes_async.model.quant.weights import QuantizedWeight
 from hermes_async.model.spec import ModelSpec
 
 
@@ -75,6 +76,8 @@ class LlamaModel(nn.Module):
                               requires_grad=False)
         )
         self.ops = TorchLayerOps(spec)  # the runner may swap in fused kernels
+        # the LM head quantized (model.quantization); the embedding table stays as it is
+        self.quantized_head: QuantizedWeight | None = None
 
     def _qk_norms(self, layer: DecoderLayer, q: torch.Tensor,
                   k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,14 +160,18 @@ class LlamaModel(nn.Module):
         return logits
 
     @property
-    def head_weight(self) -> torch.Tensor:
-        """The LM head's weight (the embedding when tied)."""
+    def head_weight(self) -> torch.Tensor | QuantizedWeight:
+        """The LM head's weight (the embedding when tied; its quantized copy when there is
+        one)."""
+        if self.quantized_head is not None:
+            return self.quantized_head
         return self.embed if self.lm_head is None else self.lm_head
 
     def matmul_weights(self) -> list[torch.Tensor]:
-        """Every 2-D weight the forward multiplies by (for ops that prepack them)."""
+        """Every 2-D float weight the forward multiplies by (for ops that prepack them; the
+        quantized ones have their own layout)."""
         out = [self.head_weight]
         for layer in self.layers:
             out += [w for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight,
                                 layer.down_weight, layer.router_weight) if w is not None]
-        return out
+        return [w for w in out if isinstance(w, torch.Tensor)]

@@ -21,6 +21,8 @@ from hermes_async.model.host_memory import keep_freed_memory
 from hermes_async.model.kernels.paths import LAYER_OP
 from hermes_async.model.kv_pool import KVPool, plan_num_blocks
 from hermes_async.model.loader import DTYPES, load_model
+from hermes_async.model.quant.apply import quantize_model
+from hermes_async.model.quant.weights import PAIRS, ROWS
 from hermes_async.model.slots import positions_and_slots
 from hermes_async.step import SequenceStep
 
@@ -66,6 +68,7 @@ class ModelRunner:
         self.attention, self.attention_reason = choice.backend, choice.reason
         self.block_size = choice.block_size
         self.kernel_verdicts = choice.verdicts
+        self.layer_op_parts = choice.layer_op_parts
         log.info("attention backend: %s", self.attention_reason)
         self.max_model_len = min(self.model_config.max_model_len or spec.max_position_embeddings,
                                  spec.max_position_embeddings)
@@ -76,6 +79,12 @@ class ModelRunner:
             memory_fraction=self.cache_config.kv_cache_memory_fraction,
         )
         self.pool = KVPool(shape, self.device, self.attention.kv_layout)
+        self.quantization = None
+        if self.model_config.quantization != "none":
+            layout = PAIRS if self._pairs_layout(choice.layer_op_parts) else ROWS
+            self.quantization = quantize_model(self.model, self.model_config.quantization,
+                                               layout)
+            log.info("quantization: %s", self.quantization.describe())
         prepared = self.attention.prepare_weights(self.model, self.dtype, choice.layer_op_parts)
         if prepared:
             log.info("weights: %s", prepared)
@@ -92,6 +101,14 @@ class ModelRunner:
             from hermes_async.model.cuda_graphs import maybe_capture
 
             self.graphs = maybe_capture(self)
+
+    def _pairs_layout(self, parts: frozenset[str]) -> bool:
+        """Whether the quantized weights go to our GEMV (``int8_gemv`` / ``int4_gemv``:
+        admitted, bfloat16 on the CPU)."""
+        from hermes_async.model.attention.native_cpu import NATIVE_INT4, NATIVE_INT8
+
+        kernel = NATIVE_INT8 if self.model_config.quantization == "int8" else NATIVE_INT4
+        return kernel in parts and self.dtype == torch.bfloat16 and self.device.type == "cpu"
 
     @property
     def num_blocks(self) -> int:

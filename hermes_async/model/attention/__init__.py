@@ -170,7 +170,8 @@ def _candidates(entries: Sequence[str], spec: ModelSpec, block_size: int, dtype:
 
 
 def _probe(candidates: Sequence[_Candidate], spec: ModelSpec, dtype: torch.dtype,
-           features: CpuFeatures, settings: ProbeSettings) -> dict[str, Verdict]:
+           features: CpuFeatures, settings: ProbeSettings,
+           quantization: str = "none") -> dict[str, Verdict]:
     """Verdicts of every candidate's attention path and its layer ops (one child process
     per distinct block size, usually one)."""
     dtype_name = str(dtype).removeprefix("torch.")
@@ -183,7 +184,8 @@ def _probe(candidates: Sequence[_Candidate], spec: ModelSpec, dtype: torch.dtype
         names = {q.name for q in paths}
         paths.extend(p for p in (c.kernel, *c.layer_ops) if p.name not in names)
     for bs, paths in by_block.items():
-        shapes = ProbeShapes.from_spec(spec, bs, dtype_name, torch.get_num_threads())
+        shapes = ProbeShapes.from_spec(spec, bs, dtype_name, torch.get_num_threads(),
+                                       quantization)
         found = admit(paths, shapes, " ".join(sorted(features.flags)),
                       timeout_s=settings.timeout_s, fresh=settings.fresh,
                       store=VerdictStore(settings.store_dir))
@@ -194,9 +196,11 @@ def _probe(candidates: Sequence[_Candidate], spec: ModelSpec, dtype: torch.dtype
 def select_backend(name: str, spec: ModelSpec, block_size: int, dtype: torch.dtype,
                    device: torch.device, *, block_size_configured: bool = True,
                    features: CpuFeatures | None = None,
-                   probe: ProbeSettings | None = None) -> BackendChoice:
+                   probe: ProbeSettings | None = None,
+                   quantization: str = "none") -> BackendChoice:
     """The backend ``name`` (``auto``, an entry or a list of entries; module docstring) for
-    this model and device, admitted by its probes.
+    this model and device, admitted by its probes (``quantization``: the weights' scheme,
+    whose kernels are probed too).
 
     ``block_size_configured`` False: ``block_size`` was derived, and may be rounded up to what
     the chosen backend needs (the returned :attr:`BackendChoice.block_size`)."""
@@ -211,7 +215,7 @@ def select_backend(name: str, spec: ModelSpec, block_size: int, dtype: torch.dty
     skipped: list[str] = []
     candidates = _candidates(entries, spec, block_size, dtype, device, features,
                              block_size_configured, skipped)
-    verdicts = _probe(candidates, spec, dtype, features, settings)
+    verdicts = _probe(candidates, spec, dtype, features, settings, quantization)
     for c in candidates:
         if c.kernel is not None and not verdicts[c.key(c.kernel)].ok:
             skipped.append(f"{c.label} refused: {verdicts[c.key(c.kernel)].reason}")
@@ -239,7 +243,7 @@ def select_for_config(model: ModelConfig, cache: CacheConfig, spec: ModelSpec,
                           fresh=model.kernel_probe == "fresh" if fresh is None else fresh)
     return select_backend(model.attention_backend, spec, cache.block_size or derived, dtype,
                           device, block_size_configured=cache.block_size is not None,
-                          probe=probe)
+                          probe=probe, quantization=model.quantization)
 
 
 def auto_order(device: torch.device, dtype: torch.dtype,

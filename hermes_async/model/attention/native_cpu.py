@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from hermes_async.model.attention import native
 from hermes_async.model.attention.base import (
@@ -38,6 +39,7 @@ from hermes_async.model.attention.vllm_cpu import layer_op_paths as vllm_layer_o
 from hermes_async.model.kernels.paths import LAYER_OP, KernelPath
 from hermes_async.model.layer_ops import TorchLayerOps, VllmCpuLayerOps, gated
 from hermes_async.model.packed import PackedExperts
+from hermes_async.model.quant.weights import PAIRS, QuantizedWeight
 from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
 
@@ -76,6 +78,12 @@ GEMV_MAX_WEIGHT_BYTES = 2 << 30  # the packed copies double the weights' memory:
 NATIVE_GEMV = "native-gemv"
 NATIVE_SILU = "native-silu"
 NATIVE_MOE = "native-moe"
+NATIVE_INT8 = "native-int8"
+NATIVE_INT4 = "native-int4"
+# int8_gemv reads the weight once per 24 rows; past this many rows (prefills) a step
+# dequantizes each weight to bfloat16 and multiplies (compute-bound, the conversion a small part)
+INT8_GEMV_MAX_ROWS = 64
+INT4_GEMV_MAX_ROWS = 16  # int4_gemv: passes of 8 rows
 GROUPED_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -95,25 +103,34 @@ class NativeOps:
     _gemv: dict[int, torch.Tensor]
     _native_silu: bool
     _native_moe: bool
+    _native_int8: bool
+    _native_int4: bool
     parts: tuple[str, ...]  # TorchLayerOps' (its ``name`` joins them)
 
     def _use_native(self, dtype: torch.dtype, weights: list[torch.Tensor], *, gemv: bool,
-                    silu: bool, moe: bool = False) -> None:
+                    silu: bool, moe: bool = False, int8: bool = False,
+                    int4: bool = False) -> None:
         ops = torch.ops.hermes_native
         self._gemv = {}
         self._native_silu = silu
         self._native_moe = moe and ops.grouped_gemv_supported()
+        self._native_int8 = int8 and ops.int8_gemv_supported()
+        self._native_int4 = int4 and ops.int4_gemv_supported()
         total = sum(w.numel() * w.element_size() for w in weights)
         if (gemv and dtype == torch.bfloat16 and ops.gemv_supported()
                 and total <= GEMV_MAX_WEIGHT_BYTES):
             self._gemv = {w.data_ptr(): ops.pack_for_gemv(w) for w in weights
                           if w.dim() == 2 and w.shape[0] % 16 == 0 and w.shape[1] % 2 == 0}
         mine = tuple(n for n, on in ((NATIVE_GEMV, bool(self._gemv)), (NATIVE_SILU, silu),
-                                     (NATIVE_MOE, self._native_moe)) if on)
+                                     (NATIVE_MOE, self._native_moe),
+                                     (NATIVE_INT8, self._native_int8),
+                                     (NATIVE_INT4, self._native_int4)) if on)
         self.parts = mine + self.parts
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight,
                bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight):
+            return self.quantized_linear(x, weight, bias)
         packed = self._gemv.get(weight.data_ptr()) if bias is None else None
         rows = x.numel() // x.shape[-1] if x.dim() else 0
         if packed is None or not 1 <= rows <= GEMV_MAX_ROWS or x.dtype != torch.bfloat16:
@@ -122,6 +139,29 @@ class NativeOps:
         torch.ops.hermes_native.gemv_packed(out.view(rows, -1),
                                             x.reshape(rows, -1).contiguous(), packed)
         return out
+
+    def quantized_linear(self, x: torch.Tensor, weight: QuantizedWeight,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Weights in the pairs layout through ``int8_gemv`` / ``int4_gemv`` (up to
+        ``INT8_GEMV_MAX_ROWS`` / ``INT4_GEMV_MAX_ROWS`` rows) or dequantized by their
+        ``*_dequantize`` for a bfloat16 matmul (more rows); anything else the reference."""
+        int4 = weight.scheme != "int8"
+        on = self._native_int4 if int4 else self._native_int8
+        if not on or weight.layout != PAIRS or x.dtype != torch.bfloat16:
+            return super().quantized_linear(x, weight, bias)  # type: ignore[misc]
+        ops = torch.ops.hermes_native
+        n, k = weight.shape
+        rows = x.numel() // k
+        tensors = ((weight.values, weight.scales, weight.mins) if int4
+                   else (weight.values, weight.scales))
+        if rows > (INT4_GEMV_MAX_ROWS if int4 else INT8_GEMV_MAX_ROWS):
+            w = torch.empty(n, k, dtype=torch.bfloat16)
+            (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
+            return F.linear(x, w, bias)
+        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
+        (ops.int4_gemv if int4 else ops.int8_gemv)(out.view(rows, n),
+                                                   x.reshape(rows, k).contiguous(), *tensors)
+        return out if bias is None else out + bias
 
     def grouped_mm(self, x: torch.Tensor, weights: torch.Tensor | PackedExperts,
                    offsets: torch.Tensor) -> torch.Tensor:
@@ -154,7 +194,8 @@ class NativeVllmLayerOps(NativeOps, VllmCpuLayerOps):
         super().__init__(spec, dtype, ops, weights, linears=ONEDNN_LINEAR in parts,
                          fused=VLLM_FUSED_OPS in parts)
         self._use_native(dtype, weights, gemv=NATIVE_GEMV in parts, silu=NATIVE_SILU in parts,
-                         moe=NATIVE_MOE in parts)
+                         moe=NATIVE_MOE in parts, int8=NATIVE_INT8 in parts,
+                         int4=NATIVE_INT4 in parts)
 
 
 class NativeTorchLayerOps(NativeOps, TorchLayerOps):
@@ -162,11 +203,13 @@ class NativeTorchLayerOps(NativeOps, TorchLayerOps):
     GEMV."""
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype, weights: list[torch.Tensor],
-                 parts: frozenset[str] = frozenset({NATIVE_GEMV, NATIVE_SILU, NATIVE_MOE})
+                 parts: frozenset[str] = frozenset({NATIVE_GEMV, NATIVE_SILU, NATIVE_MOE,
+                                                    NATIVE_INT8, NATIVE_INT4})
                  ) -> None:
         super().__init__(spec)
         self._use_native(dtype, weights, gemv=NATIVE_GEMV in parts, silu=NATIVE_SILU in parts,
-                         moe=NATIVE_MOE in parts)
+                         moe=NATIVE_MOE in parts, int8=NATIVE_INT8 in parts,
+                         int4=NATIVE_INT4 in parts)
 
 
 class NativeCpuBackend(AttentionBackend):
@@ -210,6 +253,10 @@ class NativeCpuBackend(AttentionBackend):
                            libraries=library),
                 KernelPath(NATIVE_MOE, LAYER_OP, f"{PROBE_OPS}:probe_native_moe",
                            libraries=library),
+                KernelPath(NATIVE_INT8, LAYER_OP, f"{PROBE_OPS}:probe_native_int8",
+                           libraries=library),
+                KernelPath(NATIVE_INT4, LAYER_OP, f"{PROBE_OPS}:probe_native_int4",
+                           libraries=library),
                 KernelPath(NATIVE_SILU, LAYER_OP, f"{PROBE_OPS}:probe_native_silu",
                            libraries=library),
                 *vllm_layer_op_paths()]
@@ -240,8 +287,8 @@ class NativeCpuBackend(AttentionBackend):
         """Our activation and small-batch GEMV; vLLM's oneDNN linears and fused kernels where
         that library loads, else torch; each only where admitted (``parts``)."""
         if parts is None:
-            parts = frozenset({NATIVE_GEMV, NATIVE_SILU, NATIVE_MOE, ONEDNN_LINEAR,
-                               VLLM_FUSED_OPS})
+            parts = frozenset({NATIVE_GEMV, NATIVE_SILU, NATIVE_MOE, NATIVE_INT8,
+                               NATIVE_INT4, ONEDNN_LINEAR, VLLM_FUSED_OPS})
         if parts & {ONEDNN_LINEAR, VLLM_FUSED_OPS}:
             try:
                 ops = load_ops()

@@ -6,9 +6,11 @@ with and without bias; oneDNN's verbose log says which implementation ran, e.g.
 ``brg_matmul:avx512_core_amx`` on an AMX CPU), ``vllm-fused-ops`` (RMSNorm, residual add +
 RMSNorm, neox rotary, SiLU-and-multiply), ``native-gemv`` (our bfloat16 GEMV over packed
 weights, 1-8 rows), ``native-moe`` (our grouped GEMV over the experts' stacked weights, both
-projections, 0-17 rows per expert) and ``native-silu`` (our SiLU-and-multiply). Linear shapes
-with more than :data:`MAX_PROBE_ELEMENTS` weights are probed with fewer output rows, keeping
-``N`` modulo 64 (the kernels' tails).
+projections, 0-17 rows per expert), ``native-int8`` (our GEMV over int8 weights, 1-33 rows,
+per channel and in groups of 32, and its dequantization), ``native-int4`` (the same over
+int4 weights in groups, 1-17 rows) and ``native-silu`` (our
+SiLU-and-multiply). Linear shapes with more than :data:`MAX_PROBE_ELEMENTS` weights are probed
+with fewer output rows, keeping ``N`` modulo 64 (the kernels' tails).
 """
 
 from __future__ import annotations
@@ -244,6 +246,89 @@ def probe_native_moe(shapes: ProbeShapes) -> ProbeReport:
     what = "stacked and packed" if packed_too else "stacked"
     return worst.report(shapes.dtype, f"{what}, {MOE_PROBE_EXPERTS} experts, rows per expert "
                                       "0-17")
+
+
+INT8_ROWS = (1, 3, 8, 11, 24, 33)
+INT8_GROUPS = (None, 32)
+
+
+def probe_native_int8(shapes: ProbeShapes) -> ProbeReport:
+    """``int8_gemv`` on every linear shape (the pairs layout: ``N % 16``, even ``K``) against
+    float64 of the same dequantized weight, and ``int8_dequantize`` exactly."""
+    from hermes_async.model.attention import native
+    from hermes_async.model.quant.weights import PAIRS, quantize_int8
+
+    native.load()
+    ops = torch.ops.hermes_native
+    if shapes.quantization != "int8":
+        raise NotApplicable("no int8 weights (model.quantization)")
+    if shapes.dtype != "bfloat16":
+        raise NotApplicable("the int8 GEMV takes bfloat16 activations only")
+    if not ops.int8_gemv_supported():
+        raise NotApplicable("the int8 GEMV needs AVX512-BF16")
+    gen = torch.Generator().manual_seed(23)
+    worst = _Worst()
+    for n, k in shapes.linears:
+        if n % 16 or k % 2:
+            continue
+        weight = _weight(n, k, torch.float32, gen)
+        for group in INT8_GROUPS:
+            if group is not None and k % group:
+                continue
+            q = quantize_int8(weight, group, PAIRS)
+            exact = q.dequantize(torch.float32).double()
+            w = torch.empty(q.shape[0], k, dtype=torch.bfloat16)
+            ops.int8_dequantize(w, q.values, q.scales)
+            if not torch.equal(w, q.dequantize(torch.bfloat16)):
+                return ProbeReport(float("inf"), 0.0, f"int8_dequantize differs at {n}x{k}")
+            for rows in INT8_ROWS:
+                x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+                out = torch.empty(rows, q.shape[0], dtype=torch.bfloat16)
+                ops.int8_gemv(out, x, q.values, q.scales)
+                worst.add(out, x.double() @ exact.T)
+    if not worst.cases:
+        raise NotApplicable("no linear shape the int8 GEMV takes (N % 16, K % 2)")
+    return worst.report(shapes.dtype, f"rows {', '.join(map(str, INT8_ROWS))}, per channel "
+                                      "and groups of 32")
+
+
+INT4_ROWS = (1, 3, 8, 11, 17)
+
+
+def probe_native_int4(shapes: ProbeShapes) -> ProbeReport:
+    """``int4_gemv`` on every linear shape the model's int4 scheme quantizes against float64
+    of the same dequantized weight, and ``int4_dequantize`` (to one bfloat16 rounding)."""
+    from hermes_async.model.attention import native
+    from hermes_async.model.quant.apply import INT4_GROUPS
+    from hermes_async.model.quant.weights import PAIRS, quantize_int4
+
+    native.load()
+    ops = torch.ops.hermes_native
+    if shapes.quantization not in INT4_GROUPS:
+        raise NotApplicable("no int4 weights (model.quantization)")
+    if shapes.dtype != "bfloat16":
+        raise NotApplicable("the int4 GEMV takes bfloat16 activations only")
+    if not ops.int4_gemv_supported():
+        raise NotApplicable("the int4 GEMV needs AVX512-BF16")
+    group = INT4_GROUPS[shapes.quantization]
+    gen = torch.Generator().manual_seed(29)
+    worst = _Worst()
+    for n, k in shapes.linears:
+        if n % 16 or k % group:
+            continue
+        q = quantize_int4(_weight(n, k, torch.float32, gen), group, PAIRS)
+        exact = q.dequantize(torch.float32).double()
+        w = torch.empty(q.shape[0], k, dtype=torch.bfloat16)
+        ops.int4_dequantize(w, q.values, q.scales, q.mins)
+        worst.add(w, exact)
+        for rows in INT4_ROWS:
+            x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+            out = torch.empty(rows, q.shape[0], dtype=torch.bfloat16)
+            ops.int4_gemv(out, x, q.values, q.scales, q.mins)
+            worst.add(out, x.double() @ exact.T)
+    if not worst.cases:
+        raise NotApplicable(f"no linear shape the int4 GEMV takes (N % 16, K % {group})")
+    return worst.report(shapes.dtype, f"groups of {group}, rows {', '.join(map(str, INT4_ROWS))}")
 
 
 def probe_native_silu(shapes: ProbeShapes) -> ProbeReport:

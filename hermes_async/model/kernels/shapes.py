@@ -18,7 +18,7 @@ class ProbeShapes:
     """What the kernels of one model see; ``linears`` are the distinct ``(N, K)`` weight shapes
     (``x @ W.T`` with ``W`` ``[N, K]``), ``windows`` the distinct sliding windows (None: full),
     ``experts`` the mixture-of-experts block's (experts, top k, hidden, expert intermediate),
-    empty without one."""
+    empty without one, ``quantization`` the linears' weight scheme (``model.quantization``)."""
 
     dtype: str
     num_heads: int
@@ -32,10 +32,11 @@ class ProbeShapes:
     rope_theta: float = 10000.0
     num_threads: int = 1
     experts: tuple[int, ...] = ()
+    quantization: str = "none"
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, block_size: int, dtype: str,
-                  num_threads: int) -> ProbeShapes:
+                  num_threads: int, quantization: str = "none") -> ProbeShapes:
         """The shapes of a Llama-family model (fused q/k/v and gate/up, the LM head)."""
         h = spec.hidden_size
         linears = [(spec.q_size + 2 * spec.kv_size, h), (h, spec.q_size),
@@ -48,7 +49,7 @@ class ProbeShapes:
                    head_dim=spec.head_dim, block_size=block_size, hidden_size=h,
                    intermediate_size=spec.intermediate_size,
                    linears=tuple(dict.fromkeys(linears)), windows=tuple(windows),
-                   num_threads=num_threads, experts=experts)
+                   num_threads=num_threads, experts=experts, quantization=quantization)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)

@@ -36,7 +36,9 @@
 // split.h; this file splits the work, dispatches each item to its path and registers the ops,
 // with two that are not attention: silu_and_mul (activations.h, the MLP activation) and
 // pack_for_gemv / gemv_packed (gemv.h, the linears of decode steps with a few rows), and
-// grouped_gemv (grouped_gemv.h, the experts of a mixture-of-experts block at decode sizes).
+// grouped_gemv (grouped_gemv.h, the experts of a mixture-of-experts block at decode sizes), and
+// int8_gemv / int8_dequantize (int8_gemv.h) and int4_gemv / int4_dequantize (int4_gemv.h):
+// linears over int8 and int4 weights.
 
 #include <torch/library.h>
 
@@ -45,6 +47,8 @@
 #include "columns_path.h"
 #include "gemv.h"
 #include "grouped_gemv.h"
+#include "int4_gemv.h"
+#include "int8_gemv.h"
 #include "common.h"
 #include "rows_path.h"
 #include "split.h"
@@ -250,6 +254,12 @@ using hermes_native::grouped_gemv;
 using hermes_native::grouped_gemv_packed;
 using hermes_native::grouped_gemv_supported;
 using hermes_native::pack_experts;
+using hermes_native::int4_dequantize;
+using hermes_native::int4_gemv;
+using hermes_native::int4_gemv_supported;
+using hermes_native::int8_dequantize;
+using hermes_native::int8_gemv;
+using hermes_native::int8_gemv_supported;
 using hermes_native::pack_for_gemv;
 using hermes_native::paged_attention;
 using hermes_native::silu_and_mul;
@@ -269,6 +279,12 @@ TORCH_LIBRARY(hermes_native, m) {
   m.def("grouped_gemv(Tensor(a!) out, Tensor x, Tensor w, Tensor offsets) -> ()");
   m.def("pack_experts(Tensor w) -> Tensor", &pack_experts);
   m.def("grouped_gemv_packed(Tensor(a!) out, Tensor x, Tensor packed, Tensor offsets) -> ()");
+  m.def("int8_gemv_supported() -> bool", &int8_gemv_supported);
+  m.def("int8_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales) -> ()");
+  m.def("int8_dequantize(Tensor(a!) out, Tensor packed, Tensor scales) -> ()");
+  m.def("int4_gemv_supported() -> bool", &int4_gemv_supported);
+  m.def("int4_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales, Tensor mins) -> ()");
+  m.def("int4_dequantize(Tensor(a!) out, Tensor packed, Tensor scales, Tensor mins) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
@@ -278,4 +294,8 @@ TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
   m.impl("gemv_packed", &gemv_packed);
   m.impl("grouped_gemv", &grouped_gemv);
   m.impl("grouped_gemv_packed", &grouped_gemv_packed);
+  m.impl("int8_gemv", &int8_gemv);
+  m.impl("int8_dequantize", &int8_dequantize);
+  m.impl("int4_gemv", &int4_gemv);
+  m.impl("int4_dequantize", &int4_dequantize);
 }

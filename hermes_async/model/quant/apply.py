@@ -1,0 +1,97 @@
+"""Quantizing a loaded model's linears at start-up (``model.quantization``).
+
+Every decoder layer's attention and dense MLP projections (``qkv``, ``o``, ``gate_up``,
+``down``) and the LM head become :class:`~.weights.QuantizedWeight`: the float parameter is
+dropped (a tied head keeps the embedding table for the lookup and gains a quantized copy).
+The MoE router (small, and its top-k is sensitive) and the stacked experts stay as they are.
+A weight the chosen layout cannot hold (``pairs``: ``N % 16``; int4: ``K`` not a multiple of
+its group) keeps its float copy; the report says which. Schemes: ``int8`` (per output
+channel), ``int4`` (groups of 32 along K, asymmetric), ``int4-g128`` (groups of 128).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hermes_async.model.quant.weights import (
+    PAIRS,
+    ROWS,
+    QuantizedWeight,
+    quantize_int4,
+    quantize_int8,
+)
+
+SCHEMES = ("none", "int8", "int4", "int4-g128")
+INT4_GROUPS = {"int4": 32, "int4-g128": 128}
+LAYER_WEIGHTS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
+
+
+@dataclass
+class QuantReport:
+    """What :func:`quantize_model` did: the scheme and layout, the weights' bytes before and
+    after (those it quantized), and the weights it left in float."""
+
+    scheme: str
+    layout: str
+    quantized: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    kept_float: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        kept = f"; kept in float: {', '.join(self.kept_float)}" if self.kept_float else ""
+        return (f"{self.scheme} weights ({self.layout} layout): {self.quantized} linears, "
+                f"{self.bytes_before / 2**20:.0f} MiB -> {self.bytes_after / 2**20:.0f} MiB{kept}")
+
+
+def _quantize(weight: torch.Tensor, scheme: str, layout: str) -> QuantizedWeight | None:
+    if scheme not in SCHEMES[1:]:
+        raise ValueError(f"model.quantization must be one of {', '.join(SCHEMES)}, not "
+                         f"{scheme!r}")
+    if layout == PAIRS and (weight.shape[0] % 16 or weight.shape[1] % 2):
+        return None
+    if scheme == "int8":
+        return quantize_int8(weight, layout=layout)
+    group = INT4_GROUPS[scheme]
+    if weight.shape[1] % group:
+        return None
+    return quantize_int4(weight, group, layout)
+
+
+def quantize_model(model: torch.nn.Module, scheme: str, layout: str = ROWS) -> QuantReport:
+    """Quantize ``model``'s linears in place (a :class:`~hermes_async.model.llama.LlamaModel`)
+    with ``scheme`` in ``layout``; the report for the start-up log."""
+    report = QuantReport(scheme, layout)
+
+    def take(owner: torch.nn.Module, name: str, label: str) -> None:
+        weight = getattr(owner, name)
+        if weight is None:
+            return
+        q = _quantize(weight.data, scheme, layout)
+        if q is None:
+            report.kept_float.append(f"{label} {tuple(weight.shape)}")
+            return
+        report.quantized += 1
+        report.bytes_before += weight.numel() * weight.element_size()
+        report.bytes_after += q.nbytes
+        del owner._parameters[name]
+        setattr(owner, name, q)
+
+    for i, layer in enumerate(model.layers):  # type: ignore[attr-defined]
+        for name in LAYER_WEIGHTS:
+            take(layer, name, f"layer {i} {name}")
+    head = model.head_weight  # type: ignore[attr-defined]
+    q = _quantize(head.data, scheme, layout)
+    if q is None:
+        report.kept_float.append(f"lm head {tuple(head.shape)}")
+    else:
+        report.quantized += 1
+        report.bytes_before += head.numel() * head.element_size()
+        report.bytes_after += q.nbytes
+        if model.lm_head is not None:  # type: ignore[attr-defined]
+            del model._parameters["lm_head"]
+            model.lm_head = None  # type: ignore[attr-defined]
+        model.quantized_head = q  # type: ignore[attr-defined]
+    return report

@@ -1,0 +1,134 @@
+"""A quantized linear weight and its reference arithmetic.
+
+``int8``: symmetric, one float32 scale per output row and group of ``group`` inputs along K
+(``group == K``: per output channel): ``w ~ q * scale``, ``q = round(w / scale)`` in
+``[-127, 127]``, ``scale = max|w| / 127`` over the group.
+
+``int4``: asymmetric in groups of ``group`` inputs (32 or 128): ``w ~ q * scale + min``,
+``q`` in ``[0, 15]``, ``min`` and ``scale = (max - min) / 15`` over the group (GGUF's
+Q4_1 / Q4_K form; Q4_0's ``(q - 8) * d`` is ``scale = d``, ``min = -8 d``).
+
+The integers are kept in one of two layouts, chosen by the kernel that will read them:
+
+- ``pairs``: our ``int8_gemv``'s and ``int4_gemv``'s (``hermes_native``): int8
+  ``[N / 16, K / 2, 16, 2]`` (the bfloat16 GEMV's pair layout, a byte per weight) or int4
+  ``[N / 16, K / 2, 16]`` uint8 (each byte the pair, low nibble first), scales (and mins)
+  ``[N / 16, K / group, 16]``; needs ``N % 16 == 0`` and an even group.
+- ``rows``: ``[N, K]`` int8 (int4: uint8, one value a byte) and scales (mins)
+  ``[N, K / group]``: the plain reference's.
+
+:meth:`QuantizedWeight.dequantize` is the reference for every kernel: ``q * scale (+ min)``
+computed in float32, then rounded to the activations' dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+INT8_MAX = 127
+INT4_MAX = 15
+PAIRS = "pairs"
+ROWS = "rows"
+LAYOUTS = (PAIRS, ROWS)
+
+
+@dataclass
+class QuantizedWeight:
+    """An ``[N, K]`` weight as integers and scales (see the module's docstring)."""
+
+    scheme: str  # "int8" or "int4"
+    layout: str  # PAIRS or ROWS
+    shape: tuple[int, int]  # (N, K)
+    group: int  # inputs per scale along K (K: per output channel)
+    values: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor | None = None  # int4
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: integers, scales and mins."""
+        return sum(t.numel() * t.element_size() for t in (self.values, self.scales, self.mins)
+                   if t is not None)
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(q [N, K], scales [N, K / group], mins [N, K / group] or None)`` whatever the
+        layout (q int8, or uint8 0-15 for int4)."""
+        n, k = self.shape
+        if self.layout == ROWS:
+            return self.values, self.scales, self.mins
+        if self.scheme == "int4":
+            pairs = torch.stack((self.values & 15, self.values >> 4), dim=-1)
+        else:
+            pairs = self.values
+        q = pairs.permute(0, 2, 1, 3).reshape(n, k)
+
+        def unpack(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.permute(0, 2, 1).reshape(n, k // self.group)
+
+        return q, unpack(self.scales), unpack(self.mins)  # type: ignore[return-value]
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight ``[N, K]`` as ``q * scale (+ min)`` (float32), rounded to ``dtype``."""
+        q, scales, mins = self.rows()
+        w = q.float() * scales.repeat_interleave(self.group, dim=1)
+        if mins is not None:
+            w = w + mins.repeat_interleave(self.group, dim=1)
+        return w.to(dtype)
+
+
+def quantize_int8(weight: torch.Tensor, group: int | None = None,
+                  layout: str = ROWS) -> QuantizedWeight:
+    """Symmetric int8 of a 2-D weight, ``group`` inputs per scale (None: the whole row)."""
+    if weight.dim() != 2:
+        raise ValueError(f"int8 quantizes 2-D weights, not {tuple(weight.shape)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    n, k = weight.shape
+    group = k if group is None else group
+    if k % group:
+        raise ValueError(f"K = {k} is not a multiple of the group {group}")
+    if layout == PAIRS and (n % 16 or group % 2):
+        raise ValueError(f"the pairs layout needs N % 16 == 0 and an even group, not "
+                         f"N = {n}, group {group}")
+    w = weight.float().reshape(n, k // group, group)
+    scales = w.abs().amax(dim=-1) / INT8_MAX
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.clamp(torch.round(w / scales[..., None]), -INT8_MAX, INT8_MAX).to(torch.int8)
+    q = q.reshape(n, k)
+    if layout == ROWS:
+        return QuantizedWeight("int8", ROWS, (n, k), group, q.contiguous(), scales.contiguous())
+    values = q.view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    packed_scales = scales.view(n // 16, 16, k // group).permute(0, 2, 1).contiguous()
+    return QuantizedWeight("int8", PAIRS, (n, k), group, values, packed_scales)
+
+
+def quantize_int4(weight: torch.Tensor, group: int = 32, layout: str = ROWS) -> QuantizedWeight:
+    """Asymmetric int4 of a 2-D weight in groups of ``group`` inputs along K."""
+    if weight.dim() != 2:
+        raise ValueError(f"int4 quantizes 2-D weights, not {tuple(weight.shape)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    n, k = weight.shape
+    if k % group:
+        raise ValueError(f"K = {k} is not a multiple of the group {group}")
+    if layout == PAIRS and (n % 16 or group % 2):
+        raise ValueError(f"the pairs layout needs N % 16 == 0 and an even group, not "
+                         f"N = {n}, group {group}")
+    w = weight.float().reshape(n, k // group, group)
+    lo, hi = w.amin(dim=-1), w.amax(dim=-1)
+    scales = (hi - lo) / INT4_MAX
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.clamp(torch.round((w - lo[..., None]) / scales[..., None]), 0, INT4_MAX)
+    q = q.to(torch.uint8).reshape(n, k)
+    if layout == ROWS:
+        return QuantizedWeight("int4", ROWS, (n, k), group, q.contiguous(), scales.contiguous(),
+                               lo.contiguous())
+    pairs = q.view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3)
+    values = (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        return t.view(n // 16, 16, k // group).permute(0, 2, 1).contiguous()
+
+    return QuantizedWeight("int4", PAIRS, (n, k), group, values, pack(scales), pack(lo))

@@ -307,6 +307,20 @@ def report(rows: list[dict[str, Any]], cpu: str, bandwidth: float) -> str:
     return "\n".join(lines)
 
 
+def update_benchmarks(path: Path, script: str, text: str, start: str, end: str) -> None:
+    """Put ``text`` (with the command that made it) between the ``start`` and ``end`` marks
+    of ``path``, or at its end where the marks are not there yet."""
+    doc = path.read_text()
+    cmd = f"python loadtest/{script} " + " ".join(sys.argv[1:])
+    block = f"{start}\n`{cmd}`\n\n{text}\n{end}"
+    if start in doc:
+        head, rest = doc.split(start, 1)
+        doc = head + block + rest.split(end, 1)[1]
+    else:
+        doc += "\n" + block + "\n"
+    path.write_text(doc)
+
+
 def cpu_line() -> str:
     model, flags = "?", set()
     with open("/proc/cpuinfo") as f:
@@ -360,15 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out_dir / "report.md").write_text(text + "\n")
     print(text)
     if args.update_benchmarks:
-        doc = args.update_benchmarks.read_text()
-        cmd = "python loadtest/bench_models.py " + " ".join(sys.argv[1:])
-        block = f"{MARK_START}\n`{cmd}`\n\n{text}\n{MARK_END}"
-        if MARK_START in doc:
-            head, rest = doc.split(MARK_START, 1)
-            doc = head + block + rest.split(MARK_END, 1)[1]
-        else:
-            doc += "\n" + block + "\n"
-        args.update_benchmarks.write_text(doc)
+        update_benchmarks(args.update_benchmarks, "bench_models.py", text, MARK_START, MARK_END)
     return 0
 
 

@@ -41,6 +41,7 @@ from bench_models import (
     server_command,
     spread,
     text_prompt,
+    update_benchmarks,
 )
 from compare_peers import Started, serve_and_measure
 
@@ -187,15 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out_dir / "report.md").write_text(text + "\n")
     print(text)
     if args.update_benchmarks:
-        doc = args.update_benchmarks.read_text()
-        cmd = "python loadtest/bench_quant.py " + " ".join(sys.argv[1:])
-        block = f"{MARK_START}\n`{cmd}`\n\n{text}\n{MARK_END}"
-        if MARK_START in doc:
-            head, rest = doc.split(MARK_START, 1)
-            doc = head + block + rest.split(MARK_END, 1)[1]
-        else:
-            doc += "\n" + block + "\n"
-        args.update_benchmarks.write_text(doc)
+        update_benchmarks(args.update_benchmarks, "bench_quant.py", text, MARK_START, MARK_END)
     return 0
 
 

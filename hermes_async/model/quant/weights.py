@@ -78,20 +78,26 @@ class QuantizedWeight:
         return w.to(dtype)
 
 
-def quantize_int8(weight: torch.Tensor, group: int | None = None,
-                  layout: str = ROWS) -> QuantizedWeight:
-    """Symmetric int8 of a 2-D weight, ``group`` inputs per scale (None: the whole row)."""
+def _check(weight: torch.Tensor, group: int, layout: str, scheme: str) -> None:
+    """Refuse what ``scheme`` cannot quantize into ``layout`` (ValueError, with the reason)."""
     if weight.dim() != 2:
-        raise ValueError(f"int8 quantizes 2-D weights, not {tuple(weight.shape)}")
+        raise ValueError(f"{scheme} quantizes 2-D weights, not {tuple(weight.shape)}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
     n, k = weight.shape
-    group = k if group is None else group
     if k % group:
         raise ValueError(f"K = {k} is not a multiple of the group {group}")
     if layout == PAIRS and (n % 16 or group % 2):
         raise ValueError(f"the pairs layout needs N % 16 == 0 and an even group, not "
                          f"N = {n}, group {group}")
+
+
+def quantize_int8(weight: torch.Tensor, group: int | None = None,
+                  layout: str = ROWS) -> QuantizedWeight:
+    """Symmetric int8 of a 2-D weight, ``group`` inputs per scale (None: the whole row)."""
+    n, k = weight.shape if weight.dim() == 2 else (0, 0)
+    group = k if group is None else group
+    _check(weight, group, layout, "int8")
     w = weight.float().reshape(n, k // group, group)
     scales = w.abs().amax(dim=-1) / INT8_MAX
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))
@@ -106,16 +112,8 @@ def quantize_int8(weight: torch.Tensor, group: int | None = None,
 
 def quantize_int4(weight: torch.Tensor, group: int = 32, layout: str = ROWS) -> QuantizedWeight:
     """Asymmetric int4 of a 2-D weight in groups of ``group`` inputs along K."""
-    if weight.dim() != 2:
-        raise ValueError(f"int4 quantizes 2-D weights, not {tuple(weight.shape)}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    _check(weight, group, layout, "int4")
     n, k = weight.shape
-    if k % group:
-        raise ValueError(f"K = {k} is not a multiple of the group {group}")
-    if layout == PAIRS and (n % 16 or group % 2):
-        raise ValueError(f"the pairs layout needs N % 16 == 0 and an even group, not "
-                         f"N = {n}, group {group}")
     w = weight.float().reshape(n, k // group, group)
     lo, hi = w.amin(dim=-1), w.amax(dim=-1)
     scales = (hi - lo) / INT4_MAX

@@ -124,6 +124,21 @@ void grouped_gemv_impl(float* out, const float* x, const W* w, const int32_t* of
 }
 #endif
 
+// offsets [experts] int32, rising from 0 to exactly p rows: their data
+inline const int32_t* checked_offsets(const at::Tensor& offsets, int64_t experts, int64_t p) {
+  TORCH_CHECK(offsets.dim() == 1 && offsets.is_contiguous() && offsets.size(0) == experts &&
+                  offsets.scalar_type() == at::kInt,
+              "offsets must be int32 [", experts, "]");
+  const int32_t* off = offsets.data_ptr<int32_t>();
+  int64_t previous = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    TORCH_CHECK(off[e] >= previous && off[e] <= p, "offsets must rise from 0 to at most ", p);
+    previous = off[e];
+  }
+  TORCH_CHECK(previous == p, "offsets end at ", previous, ", x has ", p, " rows");
+  return off;
+}
+
 inline void grouped_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
                          const at::Tensor& offsets) {
   TORCH_CHECK(grouped_gemv_supported(), "grouped_gemv needs a CPU with AVX512F");
@@ -139,16 +154,7 @@ inline void grouped_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.scalar_type() == at::kFloat &&
                   out.size(0) == p && out.size(1) == n,
               "out must be a contiguous float32 [", p, ", ", n, "]");
-  TORCH_CHECK(offsets.dim() == 1 && offsets.is_contiguous() && offsets.size(0) == experts &&
-                  offsets.scalar_type() == at::kInt,
-              "offsets must be int32 [", experts, "]");
-  const int32_t* off = offsets.data_ptr<int32_t>();
-  int64_t previous = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    TORCH_CHECK(off[e] >= previous && off[e] <= p, "offsets must rise from 0 to at most ", p);
-    previous = off[e];
-  }
-  TORCH_CHECK(previous == p, "offsets end at ", previous, ", x has ", p, " rows");
+  const int32_t* off = checked_offsets(offsets, experts, p);
 #if defined(__AVX512F__)
   if (w.scalar_type() == at::kFloat)
     grouped_gemv_impl<float>(out.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(),
@@ -186,16 +192,7 @@ inline void grouped_gemv_packed(at::Tensor out, const at::Tensor& x, const at::T
   TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.scalar_type() == at::kBFloat16 &&
                   out.size(0) == p && out.size(1) == n,
               "out must be a contiguous bfloat16 [", p, ", ", n, "]");
-  TORCH_CHECK(offsets.dim() == 1 && offsets.is_contiguous() && offsets.size(0) == experts &&
-                  offsets.scalar_type() == at::kInt,
-              "offsets must be int32 [", experts, "]");
-  const int32_t* off = offsets.data_ptr<int32_t>();
-  int64_t previous = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    TORCH_CHECK(off[e] >= previous && off[e] <= p, "offsets must rise from 0 to at most ", p);
-    previous = off[e];
-  }
-  TORCH_CHECK(previous == p, "offsets end at ", previous, ", x has ", p, " rows");
+  const int32_t* off = checked_offsets(offsets, experts, p);
 #if defined(HERMES_PACKED)
   struct Item {
     int64_t expert, row0, row1, b0, b1;

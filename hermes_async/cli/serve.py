@@ -59,7 +59,7 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
         model["path"] = args.model
     if args.dtype:
         model["dtype"] = args.dtype
-    if args.quantization:
+    if getattr(args, "quantization", None):
         model["quantization"] = args.quantization
     server: dict[str, Any] = {}
     if args.host is not None:

@@ -19,7 +19,7 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "vllm-cpu", "native-cpu", "flashinfer")
 ATTENTION_CODE_PATHS = ("vllm-cpu:amx", "vllm-cpu:vec", "vllm-cpu:vec16")
 KERNEL_PROBE_MODES = ("cached", "fresh")
-QUANTIZATIONS = ("none", "int8", "int4", "int4-g128")
+QUANTIZATIONS = ("none", "int8", "int4", "int4-g128", "w8a8")
 
 
 class ConfigError(ValueError):
@@ -55,12 +55,14 @@ class ModelConfig:
         (probe again at this start).
     kernel_probe_timeout_s: how long one probe may run before it counts as hung.
     quantization: the linears' weights: ``none`` (as loaded), ``int8`` (symmetric, one scale
-        per output channel), ``int4`` (asymmetric, groups of 32 along K) or ``int4-g128``
-        (groups of 128), quantized at start-up (the log gives the bytes before and after):
-        decode steps read a half (int8) or about a quarter (int4) of bfloat16's bytes
-        (``hermes_async.model.quant``). Their kernels (``native-int8``, ``native-int4``:
-        bfloat16 on AVX512-BF16 CPUs) are probed like the others; where refused or absent,
-        the weights are dequantized per call (correct, slow).
+        per output channel), ``int4`` (asymmetric, groups of 32 along K), ``int4-g128``
+        (groups of 128) or ``w8a8`` (``int8``'s weights times activations quantized per
+        token: int8 matmuls, the fastest on AMX and VNNI CPUs), quantized at start-up (the
+        log gives the bytes before and after): decode steps read a half (int8) or about a
+        quarter (int4) of bfloat16's bytes (``hermes_async.model.quant``). Their kernels
+        (``native-int8``, ``native-int4``: bfloat16 on AVX512-BF16 CPUs; ``onednn-w8a8``:
+        vLLM's oneDNN int8 matmul) are probed like the others; where refused or absent, the
+        reference runs (weights dequantized per call: correct, slow).
     cuda_graphs: capture CUDA graphs of decode batches at start-up and replay them (CUDA with
         the ``flashinfer`` backend only; no effect elsewhere): see
         ``hermes_async.model.cuda_graphs``. Off by default until it has run on a GPU.

@@ -27,6 +27,7 @@ from hermes_async.cache.pins import PinLimitError
 from hermes_async.config import EngineConfig
 from hermes_async.engine.parts import OutputTextFactory
 from hermes_async.engine.request import (
+    GRAMMAR_REJECTED,
     EngineRequest,
     RequestOutput,
     Sequence,
@@ -323,8 +324,8 @@ class EngineCore:
                      f"({seq.constraint.error}): bans, allowed_token_ids or bad_words left no "
                      "token the grammar allows")
             log.warning("%s: %s", seq.seq_id, error)
-            self.metrics.request_errors.labels("grammar_rejected").inc()
-            self._finish(seq, reason, text, error=error)
+            self.metrics.request_errors.labels(GRAMMAR_REJECTED).inc()
+            self._finish(seq, reason, text, error=error, error_code=GRAMMAR_REJECTED)
         else:
             self._finish(seq, reason, text, emitted_ids, logprobs)
 
@@ -337,7 +338,7 @@ class EngineCore:
 
     def _finish(self, seq: Sequence, reason: FinishReason, text: str,
                 token_ids: tuple[int, ...] = (), logprobs: tuple[TokenLogprob, ...] = (),
-                error: str | None = None) -> None:
+                error: str | None = None, error_code: str | None = None) -> None:
         """Queue ``seq``'s last output (retiring it first if a commit has not already)."""
         req = seq.request
         if not seq.is_finished:
@@ -349,7 +350,7 @@ class EngineCore:
             self.requests.pop(req.request_id, None)
             self.metrics.e2e.observe(time.monotonic() - req.arrival_time)
         req.queue.put_nowait(RequestOutput(req.request_id, seq.index, text, token_ids, reason,
-                                           usage, logprobs, error))
+                                           usage, logprobs, error, error_code))
 
     def _pin(self, seq: Sequence) -> None:
         """A warm-up request finished: pin its cached prompt blocks before they are released."""

@@ -65,6 +65,8 @@ class TokenLogprob:
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
 
+GRAMMAR_REJECTED = "grammar_rejected"  # RequestOutput.error_code: a client error (400)
+
 
 @dataclass(frozen=True)
 class RequestOutput:
@@ -72,7 +74,9 @@ class RequestOutput:
 
     ``text`` and ``token_ids`` are new since the previous output of the same ``index``.
     ``finish_reason`` is set on a sequence's last output; ``usage`` on the request's very last
-    output (all sequences finished), ``error`` when the request failed.
+    output (all sequences finished), ``error`` when the request failed (``error_code``:
+    ``grammar_rejected`` when the request's own constraints contradicted its grammar, a client
+    error; None for a failure of the engine).
     """
 
     request_id: str
@@ -83,6 +87,7 @@ class RequestOutput:
     usage: Usage | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
     error: str | None = None
+    error_code: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from hermes_async.model.packed import PackedExperts
-from hermes_async.model.quant.weights import QuantizedWeight
+from hermes_async.model.quant.w8a8 import reference as w8a8_reference
+from hermes_async.model.quant.weights import W8A8, QuantizedWeight
 from hermes_async.model.spec import ModelSpec
 
 
@@ -44,7 +45,11 @@ class TorchLayerOps:
     def quantized_linear(self, x: torch.Tensor, weight: QuantizedWeight,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` times a quantized weight: here the reference, the weight dequantized
-        (``q * scale`` in float32, rounded to ``x``'s dtype) for each call."""
+        (``q * scale`` in float32, rounded to ``x``'s dtype) for each call; W8A8 weights
+        with the activations quantized per row first, in float32 (:mod:`.quant.w8a8`)."""
+        if weight.scheme == W8A8:
+            out = w8a8_reference(x, weight, torch.float32).to(x.dtype)
+            return out if bias is None else out + bias
         return F.linear(x, weight.dequantize(x.dtype), bias)
 
     def grouped_mm(self, x: torch.Tensor, weights: torch.Tensor | PackedExperts,
@@ -136,21 +141,61 @@ class OneDnnLinear:
         self.ops.release_dnnl_matmul_handler(int(self.handle.item()))  # type: ignore[attr-defined]
 
 
+class OneDnnW8A8:
+    """One W8A8 weight (per-channel int8, :mod:`.quant.w8a8`) prepacked by oneDNN, run as
+    vLLM's CPU build does it: ``dynamic_scaled_int8_quant`` (per-row int8 activations), then
+    ``onednn_scaled_mm`` (int8 matmul, scales and bias applied, output in ``x``'s dtype)."""
+
+    def __init__(self, ops: object, weight: QuantizedWeight, dtype: torch.dtype) -> None:
+        self.ops = ops
+        self.n, self.k = weight.shape
+        q, scales, _ = weight.rows()
+        handle = ops.create_onednn_scaled_mm_handler(  # type: ignore[attr-defined]
+            q.t(), scales.reshape(self.n).float().contiguous(), dtype, True, False, 32)
+        self.handle = torch.tensor(handle, dtype=torch.int64)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        rows = x.reshape(-1, self.k).contiguous()
+        q = torch.empty_like(rows, dtype=torch.int8)
+        scales = torch.empty(rows.shape[0], 1, dtype=torch.float32)
+        self.ops.dynamic_scaled_int8_quant(q, rows, scales, None)  # type: ignore[attr-defined]
+        out = torch.empty(rows.shape[0], self.n, dtype=x.dtype)
+        self.ops.onednn_scaled_mm(out, q, scales, None, None, bias,  # type: ignore[attr-defined]
+                                  self.handle)
+        return out.view(*x.shape[:-1], self.n)
+
+    def __del__(self) -> None:
+        self.ops.release_dnnl_matmul_handler(int(self.handle.item()))  # type: ignore[attr-defined]
+
+
+def prepare_onednn_w8a8(ops: object, model: torch.nn.Module, dtype: torch.dtype) -> str | None:
+    """Prepack every W8A8 weight of ``model`` for oneDNN (``weight.kernel``); the integers
+    stay for the reference. What was done, for the log."""
+    weights = [w for w in model.quantized_weights()  # type: ignore[attr-defined]
+               if w.scheme == W8A8]
+    for w in weights:
+        w.kernel = OneDnnW8A8(ops, w, dtype)
+    return f"{len(weights)} W8A8 linears prepacked for oneDNN" if weights else None
+
+
 class VllmCpuLayerOps(TorchLayerOps):
     """The same ops as vLLM CPU kernels (in place where the kernel is; inputs are fresh
     tensors of the forward, never weights). ``weights``: every 2-D weight the forward
     multiplies by, prepacked here when ``linears`` (the ``onednn-linear`` path); ``fused``: the
-    norms, rotary and SiLU kernels (the ``vllm-fused-ops`` path). Each is on only where its
-    probe admitted it (``hermes_async.model.kernels``); off, the plain torch op runs."""
+    norms, rotary and SiLU kernels (the ``vllm-fused-ops`` path); ``w8a8``: W8A8 weights run
+    by their oneDNN handles (``onednn-w8a8``, prepacked by :func:`prepare_onednn_w8a8`).
+    Each is on only where its probe admitted it (``hermes_async.model.kernels``); off, the
+    plain torch op runs."""
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype, ops: object,
                  weights: list[torch.Tensor], *, linears: bool = True,
-                 fused: bool = True) -> None:
+                 fused: bool = True, w8a8: bool = False) -> None:
         super().__init__(spec)
         self.ops = ops
         self.fused = fused
         self._linears = {w.data_ptr(): OneDnnLinear(ops, w) for w in weights} if linears else {}
-        self.parts = tuple(name for name, on in (("onednn-linear", linears),
+        self.parts = tuple(name for name, on in (("onednn-linear", linears and bool(weights)),
+                                                 ("onednn-w8a8", w8a8),
                                                  ("vllm-fused-ops", fused)) if on)
         if fused:
             positions = torch.arange(spec.max_position_embeddings, dtype=torch.float32)
@@ -172,6 +217,15 @@ class VllmCpuLayerOps(TorchLayerOps):
         if packed is None:  # not prepacked (refused, or a weight added later): the plain path
             return F.linear(x, weight, bias)
         return packed(x.contiguous(), bias)
+
+    def quantized_linear(self, x: torch.Tensor, weight: QuantizedWeight,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+        """W8A8 weights prepacked for oneDNN (the ``onednn-w8a8`` path) through it; the rest
+        the reference."""
+        if isinstance(weight.kernel, OneDnnW8A8) and x.dtype in (torch.bfloat16,
+                                                                 torch.float32):
+            return weight.kernel(x, bias)
+        return super().quantized_linear(x, weight, bias)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if not self.fused:

@@ -167,6 +167,13 @@ class LlamaModel(nn.Module):
             return self.quantized_head
         return self.embed if self.lm_head is None else self.lm_head
 
+    def quantized_weights(self) -> list[QuantizedWeight]:
+        """Every quantized weight the forward multiplies by (``model.quantization``)."""
+        out = [self.head_weight]
+        for layer in self.layers:
+            out += [layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight]
+        return [w for w in out if isinstance(w, QuantizedWeight)]
+
     def matmul_weights(self) -> list[torch.Tensor]:
         """Every 2-D float weight the forward multiplies by (for ops that prepack them; the
         quantized ones have their own layout)."""

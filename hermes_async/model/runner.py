@@ -107,7 +107,10 @@ class ModelRunner:
         admitted, bfloat16 on the CPU)."""
         from hermes_async.model.attention.native_cpu import NATIVE_INT4, NATIVE_INT8
 
-        kernel = NATIVE_INT8 if self.model_config.quantization == "int8" else NATIVE_INT4
+        scheme = self.model_config.quantization
+        if scheme not in ("int8", "int4", "int4-g128"):  # W8A8: oneDNN prepacks its own
+            return False
+        kernel = NATIVE_INT8 if scheme == "int8" else NATIVE_INT4
         return kernel in parts and self.dtype == torch.bfloat16 and self.device.type == "cpu"
 
     @property

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from hermes_async.engine.async_engine import AsyncEngine
 from hermes_async.engine.request import (
+    GRAMMAR_REJECTED,
     CompiledConstraint,
     EngineRequest,
     RequestOutput,
@@ -131,7 +132,11 @@ class EngineStream:
 
 
 def check_output(out: RequestOutput) -> None:
-    """Raise the error a failed or engine-aborted output stands for (500 / 503)."""
+    """Raise the error a failed or engine-aborted output stands for (400 when the request's
+    own constraints contradicted its grammar, else 500; 503)."""
+    if out.error_code == GRAMMAR_REJECTED:
+        raise APIError(400, f"generation failed: {out.error}", type="invalid_request_error",
+                       code=GRAMMAR_REJECTED, counted=True)
     if out.error is not None or out.finish_reason is FinishReason.ERROR:
         raise APIError(500, f"generation failed: {out.error or 'unknown error'}",
                        type="server_error", code="engine_error", counted=True)

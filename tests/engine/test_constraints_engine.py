@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from hermes_async.engine.core import bad_words_ban
+from hermes_async.engine.request import GRAMMAR_REJECTED
 from hermes_async.types import (
     FinishReason,
     GuideKind,
@@ -98,6 +99,7 @@ async def test_rejected_token_ends_with_an_error_and_releases_everything() -> No
             outs.append(await req.queue.get())
         assert outs[-1].finish_reason is FinishReason.ERROR
         assert "grammar rejected token" in outs[-1].error
+        assert outs[-1].error_code == GRAMMAR_REJECTED  # the request's doing: a 400
         assert [t for o in outs for t in o.token_ids] == reference_tokens(prompt, 2)
         assert_idle(engine)
 

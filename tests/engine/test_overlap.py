@@ -165,8 +165,13 @@ def workload(max_model_len: int = 512) -> list[Job]:
 
 
 def make_engine(overlap: bool, runner: FakeRunner | None = None, num_blocks: int = 1024,
-                budget: int = 1024, max_seqs: int = 32) -> AsyncEngine:
-    cfg = EngineConfig(cache=CacheConfig(block_size=4),
+                budget: int = 1024, max_seqs: int = 32,
+                background_eviction: bool = True) -> AsyncEngine:
+    """``background_eviction=False``: watermarks at 1.0, so blocks are evicted only when an
+    allocation needs them, at the same step with and without overlap (the background task's
+    timing decides nothing)."""
+    marks = {} if background_eviction else dict(high_watermark=1.0, low_watermark=1.0)
+    cfg = EngineConfig(cache=CacheConfig(block_size=4, **marks),
                        scheduler=SchedulerConfig(max_num_seqs=max_seqs,
                                                  max_num_batched_tokens=budget,
                                                  overlap=overlap))
@@ -245,9 +250,11 @@ VARIANTS = {
     "tight": dict(budget=24, max_seqs=6),  # chunked prefills, a queue, a step cap
     # ... and a pool that preempts and evicts, smaller than the runner's context: it caps
     # max_model_len to its 400 tokens, which "model-context" fills (the others preempted for
-    # it): which blocks the second wave still finds cached then depends on when the
-    # background task evicted, so cached_tokens may differ
-    "preempting": dict(num_blocks=100, budget=24, max_seqs=6),
+    # it): blocks are evicted only when an allocation needs them (no background timing, so
+    # the preemptions always happen); which blocks the second wave still finds cached may
+    # differ with overlap (a step planned before the last one's blocks were committed), so
+    # cached_tokens may differ
+    "preempting": dict(num_blocks=100, budget=24, max_seqs=6, background_eviction=False),
 }
 
 

@@ -99,6 +99,8 @@ def test_auto_order_per_cpu_kind():
     assert auto_order(CPU, F32, sky) == ["vllm-cpu", "native-cpu"]
     assert auto_order(CPU, F32, zen4) == ["vllm-cpu", "native-cpu"]
     assert auto_order(torch.device("cuda"), BF16, zen4) == ["flashinfer"]
+    for features in (zen4, spr, sky):  # quantized weights: the backend with their kernels
+        assert auto_order(CPU, BF16, features, "int8")[0] == "native-cpu"
 
 
 def test_amx_permission_is_asked_only_where_there_is_amx():

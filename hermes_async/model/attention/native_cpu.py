@@ -29,6 +29,7 @@ from hermes_async.model.attention.base import (
 )
 from hermes_async.model.attention.vllm_cpu import (
     ONEDNN_LINEAR,
+    ONEDNN_W8A8,
     PROBE_OPS,
     SUPPORTED_DTYPES,
     VLLM_FUSED_OPS,
@@ -37,9 +38,14 @@ from hermes_async.model.attention.vllm_cpu import (
 )
 from hermes_async.model.attention.vllm_cpu import layer_op_paths as vllm_layer_op_paths
 from hermes_async.model.kernels.paths import LAYER_OP, KernelPath
-from hermes_async.model.layer_ops import TorchLayerOps, VllmCpuLayerOps, gated
+from hermes_async.model.layer_ops import (
+    TorchLayerOps,
+    VllmCpuLayerOps,
+    gated,
+    prepare_onednn_w8a8,
+)
 from hermes_async.model.packed import PackedExperts
-from hermes_async.model.quant.weights import PAIRS, QuantizedWeight
+from hermes_async.model.quant.weights import PAIRS, W8A8, QuantizedWeight
 from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
 
@@ -145,6 +151,8 @@ class NativeOps:
         """Weights in the pairs layout through ``int8_gemv`` / ``int4_gemv`` (up to
         ``INT8_GEMV_MAX_ROWS`` / ``INT4_GEMV_MAX_ROWS`` rows) or dequantized by their
         ``*_dequantize`` for a bfloat16 matmul (more rows); anything else the reference."""
+        if weight.scheme == W8A8:  # vLLM's oneDNN kernel where prepared (or the reference)
+            return super().quantized_linear(x, weight, bias)  # type: ignore[misc]
         int4 = weight.scheme != "int8"
         on = self._native_int4 if int4 else self._native_int8
         if not on or weight.layout != PAIRS or x.dtype != torch.bfloat16:
@@ -192,7 +200,7 @@ class NativeVllmLayerOps(NativeOps, VllmCpuLayerOps):
     def __init__(self, spec: ModelSpec, dtype: torch.dtype, ops: object,
                  weights: list[torch.Tensor], parts: frozenset[str]) -> None:
         super().__init__(spec, dtype, ops, weights, linears=ONEDNN_LINEAR in parts,
-                         fused=VLLM_FUSED_OPS in parts)
+                         fused=VLLM_FUSED_OPS in parts, w8a8=ONEDNN_W8A8 in parts)
         self._use_native(dtype, weights, gemv=NATIVE_GEMV in parts, silu=NATIVE_SILU in parts,
                          moe=NATIVE_MOE in parts, int8=NATIVE_INT8 in parts,
                          int4=NATIVE_INT4 in parts)
@@ -266,7 +274,17 @@ class NativeCpuBackend(AttentionBackend):
         """bfloat16 experts re-laid for our grouped GEMV (:class:`PackedExperts`, in place of
         the stacked tensors) where ``native-moe`` is admitted and the CPU has AVX512-BF16:
         every step size then reads each routed expert once as a contiguous stream (decode
-        1.2x, a 512-token prefill 1.8x torch's ``_grouped_mm`` on a Zen 4; BENCHMARKS.md)."""
+        1.2x, a 512-token prefill 1.8x torch's ``_grouped_mm`` on a Zen 4; BENCHMARKS.md);
+        W8A8 weights prepacked for vLLM's oneDNN where ``onednn-w8a8`` is admitted."""
+        done = []
+        if ONEDNN_W8A8 in parts:
+            done.append(prepare_onednn_w8a8(load_ops(), model, dtype))
+        done.append(self._pack_experts(model, dtype, parts))
+        return "; ".join(d for d in done if d) or None
+
+    @staticmethod
+    def _pack_experts(model: torch.nn.Module, dtype: torch.dtype,
+                      parts: frozenset[str]) -> str | None:
         ops = torch.ops.hermes_native
         if NATIVE_MOE not in parts or dtype != torch.bfloat16 or not ops.gemv_supported():
             return None
@@ -288,8 +306,8 @@ class NativeCpuBackend(AttentionBackend):
         that library loads, else torch; each only where admitted (``parts``)."""
         if parts is None:
             parts = frozenset({NATIVE_GEMV, NATIVE_SILU, NATIVE_MOE, NATIVE_INT8,
-                               NATIVE_INT4, ONEDNN_LINEAR, VLLM_FUSED_OPS})
-        if parts & {ONEDNN_LINEAR, VLLM_FUSED_OPS}:
+                               NATIVE_INT4, ONEDNN_LINEAR, VLLM_FUSED_OPS, ONEDNN_W8A8})
+        if parts & {ONEDNN_LINEAR, VLLM_FUSED_OPS, ONEDNN_W8A8}:
             try:
                 ops = load_ops()
             except (BackendUnavailable, OSError):

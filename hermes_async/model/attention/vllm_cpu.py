@@ -31,7 +31,7 @@ from hermes_async.model.attention.base import (
 )
 from hermes_async.model.cpu_features import CpuFeatures
 from hermes_async.model.kernels.paths import LAYER_OP, KernelPath
-from hermes_async.model.layer_ops import TorchLayerOps, VllmCpuLayerOps
+from hermes_async.model.layer_ops import TorchLayerOps, VllmCpuLayerOps, prepare_onednn_w8a8
 from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
 
@@ -86,6 +86,7 @@ ISA_PATHS = ("amx", "vec", "vec16")
 AMX_BLOCK_SIZE = 128  # vLLM's CPU default and the block size its AMX kernels are tested at
 ONEDNN_LINEAR = "onednn-linear"
 VLLM_FUSED_OPS = "vllm-fused-ops"
+ONEDNN_W8A8 = "onednn-w8a8"
 PROBE_OPS = "hermes_async.model.kernels.probe_ops"
 
 
@@ -102,8 +103,8 @@ def isa_paths(features: CpuFeatures, dtype: torch.dtype, head_dim: int) -> tuple
 
 
 def layer_op_paths() -> list[KernelPath]:
-    """vLLM's prepacked oneDNN linears and its fused norm / rotary / SiLU kernels, each a path
-    to probe; none where the library is missing."""
+    """vLLM's prepacked oneDNN linears (bfloat16 / float32, and W8A8) and its fused norm /
+    rotary / SiLU kernels, each a path to probe; none where the library is missing."""
     try:
         library = (find_library(),)
     except BackendUnavailable:
@@ -111,6 +112,8 @@ def layer_op_paths() -> list[KernelPath]:
     return [KernelPath(ONEDNN_LINEAR, LAYER_OP, f"{PROBE_OPS}:probe_onednn_linear",
                        libraries=library),
             KernelPath(VLLM_FUSED_OPS, LAYER_OP, f"{PROBE_OPS}:probe_vllm_fused_ops",
+                       libraries=library),
+            KernelPath(ONEDNN_W8A8, LAYER_OP, f"{PROBE_OPS}:probe_onednn_w8a8",
                        libraries=library)]
 
 
@@ -194,13 +197,18 @@ class VllmCpuBackend(AttentionBackend):
     def path(self) -> str:
         return self.isa
 
+    def prepare_weights(self, model: torch.nn.Module, dtype: torch.dtype,
+                        parts: frozenset[str]) -> str | None:
+        """W8A8 weights prepacked for oneDNN where ``onednn-w8a8`` is admitted."""
+        return prepare_onednn_w8a8(self.ops, model, dtype) if ONEDNN_W8A8 in parts else None
+
     def layer_ops(self, spec: ModelSpec, dtype: torch.dtype, weights: list[torch.Tensor],
                   parts: frozenset[str] | None = None) -> TorchLayerOps:
         """The same library's oneDNN linears and fused norm / rotary / SiLU kernels, those of
         them admitted."""
-        parts = frozenset((ONEDNN_LINEAR, VLLM_FUSED_OPS)) if parts is None else parts
+        parts = frozenset((ONEDNN_LINEAR, VLLM_FUSED_OPS, ONEDNN_W8A8)) if parts is None else parts
         return VllmCpuLayerOps(spec, dtype, self.ops, weights, linears=ONEDNN_LINEAR in parts,
-                               fused=VLLM_FUSED_OPS in parts)
+                               fused=VLLM_FUSED_OPS in parts, w8a8=ONEDNN_W8A8 in parts)
 
     def plan(self, packed: Sequence[SequenceStep], slot_mapping: torch.Tensor,
              ordering: Ordering) -> VllmCpuPlan:

@@ -8,7 +8,8 @@ RMSNorm, neox rotary, SiLU-and-multiply), ``native-gemv`` (our bfloat16 GEMV ove
 weights, 1-8 rows), ``native-moe`` (our grouped GEMV over the experts' stacked weights, both
 projections, 0-17 rows per expert), ``native-int8`` (our GEMV over int8 weights, 1-33 rows,
 per channel and in groups of 32, and its dequantization), ``native-int4`` (the same over
-int4 weights in groups, 1-17 rows) and ``native-silu`` (our
+int4 weights in groups, 1-17 rows), ``onednn-w8a8`` (vLLM's oneDNN int8 matmul: int8 weights
+times per-row int8 activations, 1-100 rows) and ``native-silu`` (our
 SiLU-and-multiply). Linear shapes with more than :data:`MAX_PROBE_ELEMENTS` weights are probed
 with fewer output rows, keeping ``N`` modulo 64 (the kernels' tails).
 """
@@ -329,6 +330,43 @@ def probe_native_int4(shapes: ProbeShapes) -> ProbeReport:
     if not worst.cases:
         raise NotApplicable(f"no linear shape the int4 GEMV takes (N % 16, K % {group})")
     return worst.report(shapes.dtype, f"groups of {group}, rows {', '.join(map(str, INT4_ROWS))}")
+
+
+W8A8_ROWS = (1, 5, 16, 33, 100)
+
+
+def probe_onednn_w8a8(shapes: ProbeShapes) -> ProbeReport:
+    """vLLM's oneDNN W8A8 matmul (:class:`~hermes_async.model.layer_ops.OneDnnW8A8`: per-row
+    int8 activations, prepacked int8 weights) on every linear shape, with and without bias,
+    against float64 of the same integers and scales (:func:`~hermes_async.model.quant.w8a8.
+    reference`): the integer product is exact, what is left is the scaling's and the output's
+    rounding."""
+    from hermes_async.model.attention.vllm_cpu import load_ops
+    from hermes_async.model.layer_ops import OneDnnW8A8
+    from hermes_async.model.quant.w8a8 import reference
+    from hermes_async.model.quant.weights import W8A8, quantize_int8
+
+    if shapes.quantization != W8A8:
+        raise NotApplicable("no W8A8 weights (model.quantization)")
+    ops = load_ops()
+    dtype = DTYPES[shapes.dtype]
+    gen = torch.Generator().manual_seed(29)
+    worst = _Worst()
+    with _captured_stdout() as lines:
+        for n, k in shapes.linears:
+            weight = quantize_int8(_weight(n, k, torch.float32, gen))
+            weight.scheme = W8A8
+            linear = OneDnnW8A8(ops, weight, dtype)
+            bias = torch.randn(weight.shape[0], generator=gen).to(dtype)
+            for rows in W8A8_ROWS:
+                x = torch.randn(rows, k, generator=gen).to(dtype)
+                ref = reference(x, weight)
+                worst.add(linear(x, None), ref)
+                worst.add(linear(x, bias), ref + bias.double())
+            del linear
+    impls = onednn_implementations(lines)
+    return worst.report(shapes.dtype, f"rows {', '.join(map(str, W8A8_ROWS))}; oneDNN: "
+                        + (", ".join(impls) if impls else "no verbose log"))
 
 
 def probe_native_silu(shapes: ProbeShapes) -> ProbeReport:

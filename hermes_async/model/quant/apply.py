@@ -6,24 +6,26 @@ dropped (a tied head keeps the embedding table for the lookup and gains a quanti
 The MoE router (small, and its top-k is sensitive) and the stacked experts stay as they are.
 A weight the chosen layout cannot hold (``pairs``: ``N % 16``; int4: ``K`` not a multiple of
 its group) keeps its float copy; the report says which. Schemes: ``int8`` (per output
-channel), ``int4`` (groups of 32 along K, asymmetric), ``int4-g128`` (groups of 128).
+channel), ``int4`` (groups of 32 along K, asymmetric), ``int4-g128`` (groups of 128),
+``w8a8`` (``int8``'s weights, the activations quantized per token too: :mod:`.w8a8`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from hermes_async.model.quant.weights import (
     PAIRS,
     ROWS,
+    W8A8,
     QuantizedWeight,
     quantize_int4,
     quantize_int8,
 )
 
-SCHEMES = ("none", "int8", "int4", "int4-g128")
+SCHEMES = ("none", "int8", "int4", "int4-g128", W8A8)
 INT4_GROUPS = {"int4": 32, "int4-g128": 128}
 LAYER_WEIGHTS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
 
@@ -54,6 +56,8 @@ def _quantize(weight: torch.Tensor, scheme: str, layout: str) -> QuantizedWeight
         return None
     if scheme == "int8":
         return quantize_int8(weight, layout=layout)
+    if scheme == W8A8:  # the kernel (oneDNN) prepacks its own copy: rows
+        return replace(quantize_int8(weight), scheme=W8A8)
     group = INT4_GROUPS[scheme]
     if weight.shape[1] % group:
         return None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 INT8_MAX = 127
+W8A8 = "w8a8"  # int8 weights as "int8", the activations quantized too (.w8a8)
 INT4_MAX = 15
 PAIRS = "pairs"
 ROWS = "rows"
@@ -38,13 +39,14 @@ LAYOUTS = (PAIRS, ROWS)
 class QuantizedWeight:
     """An ``[N, K]`` weight as integers and scales (see the module's docstring)."""
 
-    scheme: str  # "int8" or "int4"
+    scheme: str  # "int8", "int4" or W8A8 (int8 integers)
     layout: str  # PAIRS or ROWS
     shape: tuple[int, int]  # (N, K)
     group: int  # inputs per scale along K (K: per output channel)
     values: torch.Tensor
     scales: torch.Tensor
     mins: torch.Tensor | None = None  # int4
+    kernel: object | None = None  # a kernel's own prepared copy (a backend's prepare_weights)
 
     @property
     def nbytes(self) -> int:

@@ -111,6 +111,7 @@ class NativeOps:
     _native_moe: bool
     _native_int8: bool
     _native_int4: bool
+    _scratch: torch.Tensor | None  # the dequantized weight of a many-row quantized linear
     parts: tuple[str, ...]  # TorchLayerOps' (its ``name`` joins them)
 
     def _use_native(self, dtype: torch.dtype, weights: list[torch.Tensor], *, gemv: bool,
@@ -122,6 +123,7 @@ class NativeOps:
         self._native_moe = moe and ops.grouped_gemv_supported()
         self._native_int8 = int8 and ops.int8_gemv_supported()
         self._native_int4 = int4 and ops.int4_gemv_supported()
+        self._scratch = None
         total = sum(w.numel() * w.element_size() for w in weights)
         if (gemv and dtype == torch.bfloat16 and ops.gemv_supported()
                 and total <= GEMV_MAX_WEIGHT_BYTES):
@@ -163,13 +165,22 @@ class NativeOps:
         tensors = ((weight.values, weight.scales, weight.mins) if int4
                    else (weight.values, weight.scales))
         if rows > (INT4_GEMV_MAX_ROWS if int4 else INT8_GEMV_MAX_ROWS):
-            w = torch.empty(n, k, dtype=torch.bfloat16)
+            w = self._dequantized(n, k)
             (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
             return F.linear(x, w, bias)
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
         (ops.int4_gemv if int4 else ops.int8_gemv)(out.view(rows, n),
                                                    x.reshape(rows, k).contiguous(), *tensors)
         return out if bias is None else out + bias
+
+    def _dequantized(self, n: int, k: int) -> torch.Tensor:
+        """A bfloat16 ``[n, k]`` scratch for a dequantized weight, one buffer reused by every
+        call (the forward runs one linear at a time): a fresh one for each would fault in
+        its pages every time (past glibc's 32 MiB mmap threshold: 15 ms for 50 MB here)."""
+        scratch = self._scratch
+        if scratch is None or scratch.numel() < n * k:
+            scratch = self._scratch = torch.empty(n * k, dtype=torch.bfloat16)
+        return scratch[:n * k].view(n, k)
 
     def grouped_mm(self, x: torch.Tensor, weights: torch.Tensor | PackedExperts,
                    offsets: torch.Tensor) -> torch.Tensor:

@@ -186,6 +186,46 @@ inline void int8_dequantize(at::Tensor out, const at::Tensor& packed, const at::
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   bf16* op = out.data_ptr<bf16>();
+#if defined(HERMES_PACKED)
+  // a block of 16 outputs at a time: 16 pair rows (32 bytes each) widened, scaled and rounded
+  // to 16 bfloat16 pairs per output (the same float32 product and round-to-nearest-even as the
+  // scalar loop), staged in L1 and written out row by row (a scatter straight to the 16 rows
+  // thrashes one L1 set when K is a multiple of 2048)
+  const __m512i lo_lanes = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i hi_lanes = _mm512_add_epi32(lo_lanes, _mm512_set1_epi32(8));
+  at::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) uint32_t stage[16][16];  // [pair][output]
+    for (int64_t nb = begin; nb < end; ++nb) {
+      uint32_t* o = reinterpret_cast<uint32_t*>(op + nb * 16 * k);
+      const int8_t* w = wp + nb * k2 * 32;
+      const float* sb = sp + nb * groups * 16;
+      int64_t g = -1;
+      __m512 s_lo = _mm512_setzero_ps(), s_hi = _mm512_setzero_ps();
+      for (int64_t p0 = 0; p0 < k2; p0 += 16) {
+        const int64_t count = std::min<int64_t>(16, k2 - p0);
+        for (int64_t j = 0; j < count; ++j) {
+          const int64_t p = p0 + j;
+          if (p / gp != g) {
+            g = p / gp;
+            const __m512 s16 = _mm512_loadu_ps(sb + g * 16);
+            s_lo = _mm512_permutexvar_ps(lo_lanes, s16);
+            s_hi = _mm512_permutexvar_ps(hi_lanes, s16);
+          }
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32));
+          const __m512 lo = _mm512_mul_ps(
+              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))), s_lo);
+          const __m512 hi = _mm512_mul_ps(
+              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))), s_hi);
+          _mm512_store_si512(stage[j], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+        for (int64_t lane = 0; lane < 16; ++lane) {
+          uint32_t* row = o + lane * k2 + p0;
+          for (int64_t j = 0; j < count; ++j) row[j] = stage[j][lane];
+        }
+      }
+    }
+  });
+#else
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t nb = row / 16, lane = row % 16;
@@ -200,6 +240,7 @@ inline void int8_dequantize(at::Tensor out, const at::Tensor& packed, const at::
       }
     }
   });
+#endif
 }
 
 }  // namespace hermes_native

@@ -1,6 +1,6 @@
-"""Quantized weights side by side: hermes_async in bfloat16 and int8 beside llama.cpp on the
-same weights as Q8_0 and Q4_0 GGUF and vLLM's CPU build in bfloat16, one server at a time, in
-one run (each server ``--starts`` times, interleaved; the best start's rates).
+"""Quantized weights side by side: hermes_async in bfloat16, int8, W8A8 and int4 beside
+llama.cpp on the same weights as Q8_0 and Q4_0 GGUF and vLLM's CPU build in bfloat16, one
+server at a time, in one run (each server ``--starts`` times, interleaved; the best start's rates).
 
     loadtest/peers/install.sh vllm llamacpp          # once
     .venv/bin/python loadtest/bench_quant.py --models default qwen3-1.7b --starts 2 \\
@@ -48,6 +48,7 @@ from compare_peers import Started, serve_and_measure
 MARK_START, MARK_END = "<!-- quant:start -->", "<!-- quant:end -->"
 # (label, server, GGUF type for llama.cpp / hermes quantization, bytes per weight vs bf16)
 RUNS = (("hermes bf16", "hermes", "none", 1.0), ("hermes int8", "hermes", "int8", 0.5),
+        ("hermes w8a8", "hermes", "w8a8", 0.5), ("hermes int4", "hermes", "int4", 24 / 64),
         ("vllm bf16", "vllm", "BF16", 1.0), ("llamacpp Q8_0", "llamacpp", "Q8_0", 34 / 64),
         ("llamacpp Q4_0", "llamacpp", "Q4_0", 18 / 64))
 CONCURRENCY = (1, 8, 32)

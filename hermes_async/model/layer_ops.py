@@ -149,6 +149,7 @@ class OneDnnW8A8:
     def __init__(self, ops: object, weight: QuantizedWeight, dtype: torch.dtype) -> None:
         self.ops = ops
         self.n, self.k = weight.shape
+        self.input_scale = weight.input_scale
         q, scales, _ = weight.rows()
         handle = ops.create_onednn_scaled_mm_handler(  # type: ignore[attr-defined]
             q.t(), scales.reshape(self.n).float().contiguous(), dtype, True, False, 32)
@@ -156,6 +157,8 @@ class OneDnnW8A8:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.reshape(-1, self.k).contiguous()
+        if self.input_scale is not None:  # smoothed (quant.smooth): quantize x / s
+            rows = rows.float() * self.input_scale
         q = torch.empty_like(rows, dtype=torch.int8)
         scales = torch.empty(rows.shape[0], 1, dtype=torch.float32)
         self.ops.dynamic_scaled_int8_quant(q, rows, scales, None)  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ forward, and returns the logits of each sequence's last new token in the order g
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,8 +23,10 @@ from hermes_async.model.kernels.paths import LAYER_OP
 from hermes_async.model.kv_pool import KVPool, plan_num_blocks
 from hermes_async.model.loader import DTYPES, load_model
 from hermes_async.model.quant.apply import quantize_model
-from hermes_async.model.quant.weights import PAIRS, ROWS
+from hermes_async.model.quant.smooth import ActivationRecorder, calibration_sequences
+from hermes_async.model.quant.weights import PAIRS, ROWS, W8A8
 from hermes_async.model.slots import positions_and_slots
+from hermes_async.model.tokenizer import load_tokenizer
 from hermes_async.step import SequenceStep
 
 log = logging.getLogger("hermes_async.model")
@@ -79,11 +82,13 @@ class ModelRunner:
             memory_fraction=self.cache_config.kv_cache_memory_fraction,
         )
         self.pool = KVPool(shape, self.device, self.attention.kv_layout)
+        self.graphs = None  # (W8A8's calibration runs forwards before the graphs exist)
         self.quantization = None
         if self.model_config.quantization != "none":
             layout = PAIRS if self._pairs_layout(choice.layer_op_parts) else ROWS
+            maxima = self._calibrate() if self.model_config.quantization == W8A8 else None
             self.quantization = quantize_model(self.model, self.model_config.quantization,
-                                               layout)
+                                               layout, maxima)
             log.info("quantization: %s", self.quantization.describe())
         prepared = self.attention.prepare_weights(self.model, self.dtype, choice.layer_op_parts)
         if prepared:
@@ -101,6 +106,33 @@ class ModelRunner:
             from hermes_async.model.cuda_graphs import maybe_capture
 
             self.graphs = maybe_capture(self)
+
+    def _calibrate(self) -> dict[int, torch.Tensor]:
+        """Each float linear's input channel maxima over the calibration sequences
+        (:mod:`.quant.smooth`), through the plain ops, for W8A8's smoothing."""
+        try:
+            tokenizer = load_tokenizer(self.model_dir)
+        except Exception as e:  # noqa: BLE001 - no usable tokenizer here: random ids only
+            log.info("W8A8 calibration without the text (no tokenizer: %s)", e)
+            encode = None
+        else:
+            def encode(text: str) -> list[int]:
+                return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        recorder = ActivationRecorder(self.model.ops)
+        self.model.ops = recorder
+        start = time.perf_counter()
+        try:
+            for ids in calibration_sequences(encode, self.spec.vocab_size):
+                ids = ids[:self.max_model_len]
+                blocks = tuple(range(-(-len(ids) // self.block_size)))
+                if ids and len(blocks) <= self.pool.num_blocks:
+                    with torch.no_grad():
+                        self.forward([SequenceStep(blocks, 0, tuple(ids))])
+        finally:
+            self.model.ops = recorder._ops
+        log.info("W8A8 calibration: %d linears' input maxima in %.1f s", len(recorder.maxima),
+                 time.perf_counter() - start)
+        return recorder.maxima
 
     def _pairs_layout(self, parts: frozenset[str]) -> bool:
         """Whether the quantized weights go to our GEMV (``int8_gemv`` / ``int4_gemv``:

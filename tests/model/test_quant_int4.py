@@ -89,15 +89,15 @@ def test_int4_dequantize_is_the_reference_to_one_rounding():
 def test_layer_ops_take_the_gemv_for_few_rows_and_dequantize_for_many(tiny_models):
     from torch.profiler import ProfilerActivity, profile
 
-    from hermes_async.model.attention.native_cpu import INT4_GEMV_MAX_ROWS, NativeTorchLayerOps
+    from hermes_async.model.attention.native_cpu import NativeTorchLayerOps
     from hermes_async.model.spec import read_spec
 
     spec = read_spec(tiny_models("llama", KERNEL_HEAD_DIM))
     ops = NativeTorchLayerOps(spec, torch.bfloat16, [])
     assert "native-int4" in ops.name
     q = quantize_int4(torch.randn(64, 64), 32, PAIRS)
-    for rows, kernel in ((1, "int4_gemv"), (INT4_GEMV_MAX_ROWS, "int4_gemv"),
-                         (INT4_GEMV_MAX_ROWS + 1, "int4_dequantize")):
+    most = ops.int4_gemv_max_rows
+    for rows, kernel in ((1, "int4_gemv"), (most, "int4_gemv"), (most + 1, "int4_dequantize")):
         x = torch.randn(rows, 64).to(torch.bfloat16)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             out = ops.linear(x, q)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hermes_async.model import cpu_features
 from hermes_async.model.attention import native
 from hermes_async.model.attention.base import (
     AttentionBackend,
@@ -37,6 +38,7 @@ from hermes_async.model.attention.vllm_cpu import (
     step_tensors,
 )
 from hermes_async.model.attention.vllm_cpu import layer_op_paths as vllm_layer_op_paths
+from hermes_async.model.cpu_features import CpuFeatures
 from hermes_async.model.kernels.paths import LAYER_OP, KernelPath
 from hermes_async.model.layer_ops import (
     TorchLayerOps,
@@ -90,6 +92,16 @@ NATIVE_INT4 = "native-int4"
 # dequantizes each weight to bfloat16 and multiplies (compute-bound, the conversion a small part)
 INT8_GEMV_MAX_ROWS = 64
 INT4_GEMV_MAX_ROWS = 16  # int4_gemv: passes of 8 rows
+# with AMX the bfloat16 matmul of the dequantized weight runs on tiles: past 8 rows it beats
+# the GEMVs (a 2048 x 6144 int8 weight at 32 rows: 2.1 ms against int8_gemv's 6.3; BENCHMARKS.md)
+AMX_GEMV_MAX_ROWS = 8
+
+
+def quantized_gemv_max_rows(features: CpuFeatures) -> tuple[int, int]:
+    """The most rows ``int8_gemv`` and ``int4_gemv`` take on this CPU kind (measured)."""
+    if features.amx_bf16:
+        return AMX_GEMV_MAX_ROWS, AMX_GEMV_MAX_ROWS
+    return INT8_GEMV_MAX_ROWS, INT4_GEMV_MAX_ROWS
 GROUPED_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -112,6 +124,8 @@ class NativeOps:
     _native_int8: bool
     _native_int4: bool
     _scratch: torch.Tensor | None  # the dequantized weight of a many-row quantized linear
+    int8_gemv_max_rows: int
+    int4_gemv_max_rows: int
     parts: tuple[str, ...]  # TorchLayerOps' (its ``name`` joins them)
 
     def _use_native(self, dtype: torch.dtype, weights: list[torch.Tensor], *, gemv: bool,
@@ -123,6 +137,8 @@ class NativeOps:
         self._native_moe = moe and ops.grouped_gemv_supported()
         self._native_int8 = int8 and ops.int8_gemv_supported()
         self._native_int4 = int4 and ops.int4_gemv_supported()
+        self.int8_gemv_max_rows, self.int4_gemv_max_rows = quantized_gemv_max_rows(
+            cpu_features.current())
         self._scratch = None
         total = sum(w.numel() * w.element_size() for w in weights)
         if (gemv and dtype == torch.bfloat16 and ops.gemv_supported()
@@ -151,7 +167,8 @@ class NativeOps:
     def quantized_linear(self, x: torch.Tensor, weight: QuantizedWeight,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
         """Weights in the pairs layout through ``int8_gemv`` / ``int4_gemv`` (up to
-        ``INT8_GEMV_MAX_ROWS`` / ``INT4_GEMV_MAX_ROWS`` rows) or dequantized by their
+        ``int8_gemv_max_rows`` / ``int4_gemv_max_rows`` rows: :func:`quantized_gemv_max_rows`)
+        or dequantized by their
         ``*_dequantize`` for a bfloat16 matmul (more rows); anything else the reference."""
         if weight.scheme == W8A8:  # vLLM's oneDNN kernel where prepared (or the reference)
             return super().quantized_linear(x, weight, bias)  # type: ignore[misc]
@@ -164,7 +181,7 @@ class NativeOps:
         rows = x.numel() // k
         tensors = ((weight.values, weight.scales, weight.mins) if int4
                    else (weight.values, weight.scales))
-        if rows > (INT4_GEMV_MAX_ROWS if int4 else INT8_GEMV_MAX_ROWS):
+        if rows > (self.int4_gemv_max_rows if int4 else self.int8_gemv_max_rows):
             w = self._dequantized(n, k)
             (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
             return F.linear(x, w, bias)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from hermes_async.model.quant.smooth import smoothing_scales
 from hermes_async.model.quant.weights import (
     PAIRS,
     ROWS,
@@ -38,17 +39,21 @@ class QuantReport:
     scheme: str
     layout: str
     quantized: int = 0
+    smoothed: int = 0  # W8A8 weights with calibrated smoothing (.smooth)
     bytes_before: int = 0
     bytes_after: int = 0
     kept_float: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         kept = f"; kept in float: {', '.join(self.kept_float)}" if self.kept_float else ""
-        return (f"{self.scheme} weights ({self.layout} layout): {self.quantized} linears, "
+        smoothed = f" ({self.smoothed} smoothed)" if self.smoothed else ""
+        return (f"{self.scheme} weights ({self.layout} layout): {self.quantized} linears"
+                f"{smoothed}, "
                 f"{self.bytes_before / 2**20:.0f} MiB -> {self.bytes_after / 2**20:.0f} MiB{kept}")
 
 
-def _quantize(weight: torch.Tensor, scheme: str, layout: str) -> QuantizedWeight | None:
+def _quantize(weight: torch.Tensor, scheme: str, layout: str,
+              activation_max: torch.Tensor | None = None) -> QuantizedWeight | None:
     if scheme not in SCHEMES[1:]:
         raise ValueError(f"model.quantization must be one of {', '.join(SCHEMES)}, not "
                          f"{scheme!r}")
@@ -57,27 +62,35 @@ def _quantize(weight: torch.Tensor, scheme: str, layout: str) -> QuantizedWeight
     if scheme == "int8":
         return quantize_int8(weight, layout=layout)
     if scheme == W8A8:  # the kernel (oneDNN) prepacks its own copy: rows
-        return replace(quantize_int8(weight), scheme=W8A8)
+        if activation_max is None:
+            return replace(quantize_int8(weight), scheme=W8A8)
+        s = smoothing_scales(weight, activation_max)
+        return replace(quantize_int8(weight.float() * s), scheme=W8A8, input_scale=1 / s)
     group = INT4_GROUPS[scheme]
     if weight.shape[1] % group:
         return None
     return quantize_int4(weight, group, layout)
 
 
-def quantize_model(model: torch.nn.Module, scheme: str, layout: str = ROWS) -> QuantReport:
+def quantize_model(model: torch.nn.Module, scheme: str, layout: str = ROWS,
+                   activation_maxima: dict[int, torch.Tensor] | None = None) -> QuantReport:
     """Quantize ``model``'s linears in place (a :class:`~hermes_async.model.llama.LlamaModel`)
-    with ``scheme`` in ``layout``; the report for the start-up log."""
+    with ``scheme`` in ``layout``; the report for the start-up log. ``activation_maxima``
+    (W8A8: each float weight's input channel maxima by ``data_ptr``, from
+    :class:`~.smooth.ActivationRecorder`) smooths the weights that have them."""
     report = QuantReport(scheme, layout)
+    maxima = activation_maxima or {}
 
     def take(owner: torch.nn.Module, name: str, label: str) -> None:
         weight = getattr(owner, name)
         if weight is None:
             return
-        q = _quantize(weight.data, scheme, layout)
+        q = _quantize(weight.data, scheme, layout, maxima.get(weight.data_ptr()))
         if q is None:
             report.kept_float.append(f"{label} {tuple(weight.shape)}")
             return
         report.quantized += 1
+        report.smoothed += q.input_scale is not None
         report.bytes_before += weight.numel() * weight.element_size()
         report.bytes_after += q.nbytes
         del owner._parameters[name]
@@ -87,11 +100,12 @@ def quantize_model(model: torch.nn.Module, scheme: str, layout: str = ROWS) -> Q
         for name in LAYER_WEIGHTS:
             take(layer, name, f"layer {i} {name}")
     head = model.head_weight  # type: ignore[attr-defined]
-    q = _quantize(head.data, scheme, layout)
+    q = _quantize(head.data, scheme, layout, maxima.get(head.data_ptr()))
     if q is None:
         report.kept_float.append(f"lm head {tuple(head.shape)}")
     else:
         report.quantized += 1
+        report.smoothed += q.input_scale is not None
         report.bytes_before += head.numel() * head.element_size()
         report.bytes_after += q.nbytes
         if model.lm_head is not None:  # type: ignore[attr-defined]

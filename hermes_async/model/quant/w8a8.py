@@ -34,8 +34,13 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def reference(x: torch.Tensor, weight: QuantizedWeight,
               dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """``x`` ``[..., K]`` times the weight as W8A8 computes it, in ``dtype`` (float64: the
-    kernels' oracle): ``(q_x * s_x) @ (q_w * s_w).T``, ``[..., N]``."""
+    kernels' oracle): ``(q_x * s_x) @ (q_w * s_w).T``, ``[..., N]``, ``q_x`` of ``x`` times
+    the weight's ``input_scale`` where it is smoothed (:mod:`.smooth`)."""
     n, k = weight.shape
-    q, scales = quantize_rows(x.reshape(-1, k))
-    out = (q.to(dtype) * scales.to(dtype)) @ weight.dequantize(torch.float32).to(dtype).T
+    rows = x.reshape(-1, k)
+    if weight.input_scale is not None:  # smoothed: the weight's integers hold w / input_scale
+        rows = rows.float() * weight.input_scale
+    q, scales = quantize_rows(rows)
+    q_w, s_w, _ = weight.rows()
+    out = (q.to(dtype) * scales.to(dtype)) @ (q_w.to(dtype) * s_w.to(dtype)).T
     return out.view(*x.shape[:-1], n)

@@ -47,6 +47,9 @@ class QuantizedWeight:
     scales: torch.Tensor
     mins: torch.Tensor | None = None  # int4
     kernel: object | None = None  # a kernel's own prepared copy (a backend's prepare_weights)
+    # W8A8 smoothing (.smooth): [K] float32 the activations are multiplied by before their
+    # quantization; the integers hold the weight times its inverse, column by column
+    input_scale: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -72,11 +75,14 @@ class QuantizedWeight:
         return q, unpack(self.scales), unpack(self.mins)  # type: ignore[return-value]
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weight ``[N, K]`` as ``q * scale (+ min)`` (float32), rounded to ``dtype``."""
+        """The weight ``[N, K]`` as ``q * scale (+ min)`` (float32; times ``input_scale``
+        column by column where smoothed), rounded to ``dtype``."""
         q, scales, mins = self.rows()
         w = q.float() * scales.repeat_interleave(self.group, dim=1)
         if mins is not None:
             w = w + mins.repeat_interleave(self.group, dim=1)
+        if self.input_scale is not None:
+            w = w * self.input_scale
         return w.to(dtype)
 
 

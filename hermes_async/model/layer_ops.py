@@ -121,9 +121,19 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class OneDnnLinear:
-    """One weight ``[N, K]`` prepacked by oneDNN for ``x @ weight.T``; the handle is released
+class OneDnnHandle:
+    """A oneDNN matmul handle of vLLM's library (``handle``, set by the subclass), released
     with this object."""
+
+    ops: object
+    handle: torch.Tensor
+
+    def __del__(self) -> None:
+        self.ops.release_dnnl_matmul_handler(int(self.handle.item()))  # type: ignore[attr-defined]
+
+
+class OneDnnLinear(OneDnnHandle):
+    """One weight ``[N, K]`` prepacked by oneDNN for ``x @ weight.T``."""
 
     def __init__(self, ops: object, weight: torch.Tensor) -> None:
         self.ops = ops
@@ -137,11 +147,8 @@ class OneDnnLinear:
                            self.handle)
         return out
 
-    def __del__(self) -> None:
-        self.ops.release_dnnl_matmul_handler(int(self.handle.item()))  # type: ignore[attr-defined]
 
-
-class OneDnnW8A8:
+class OneDnnW8A8(OneDnnHandle):
     """One W8A8 weight (per-channel int8, :mod:`.quant.w8a8`) prepacked by oneDNN, run as
     vLLM's CPU build does it: ``dynamic_scaled_int8_quant`` (per-row int8 activations), then
     ``onednn_scaled_mm`` (int8 matmul, scales and bias applied, output in ``x``'s dtype)."""
@@ -166,9 +173,6 @@ class OneDnnW8A8:
         self.ops.onednn_scaled_mm(out, q, scales, None, None, bias,  # type: ignore[attr-defined]
                                   self.handle)
         return out.view(*x.shape[:-1], self.n)
-
-    def __del__(self) -> None:
-        self.ops.release_dnnl_matmul_handler(int(self.handle.item()))  # type: ignore[attr-defined]
 
 
 def prepare_onednn_w8a8(ops: object, model: torch.nn.Module, dtype: torch.dtype) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from hermes_async.config import CacheConfig, ModelConfig
-from hermes_async.model.attention import select_for_config
+from hermes_async.model.attention import NATIVE_SCHEMES, select_for_config
 from hermes_async.model.dtype import resolve_dtype
 from hermes_async.model.host_memory import keep_freed_memory
 from hermes_async.model.kernels.paths import LAYER_OP
@@ -140,7 +140,7 @@ class ModelRunner:
         from hermes_async.model.attention.native_cpu import NATIVE_INT4, NATIVE_INT8
 
         scheme = self.model_config.quantization
-        if scheme not in ("int8", "int4", "int4-g128"):  # W8A8: oneDNN prepacks its own
+        if scheme not in NATIVE_SCHEMES:  # W8A8: oneDNN prepacks its own
             return False
         kernel = NATIVE_INT8 if scheme == "int8" else NATIVE_INT4
         return kernel in parts and self.dtype == torch.bfloat16 and self.device.type == "cpu"

@@ -50,7 +50,7 @@ BACKEND_CLASSES = {
 }
 
 __all__ = ["BACKENDS", "AttentionBackend", "AttentionPlan", "BackendChoice", "BackendUnavailable",
-           "KVLayout", "Ordering", "ProbeSettings", "TorchBackend", "auto_order",
+           "KVLayout", "NATIVE_SCHEMES", "Ordering", "ProbeSettings", "TorchBackend", "auto_order",
            "select_backend", "select_for_config"]
 
 

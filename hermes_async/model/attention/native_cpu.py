@@ -102,6 +102,8 @@ def quantized_gemv_max_rows(features: CpuFeatures) -> tuple[int, int]:
     if features.amx_bf16:
         return AMX_GEMV_MAX_ROWS, AMX_GEMV_MAX_ROWS
     return INT8_GEMV_MAX_ROWS, INT4_GEMV_MAX_ROWS
+
+
 GROUPED_DTYPES = (torch.bfloat16, torch.float32)
 
 

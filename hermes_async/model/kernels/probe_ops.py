@@ -100,6 +100,13 @@ def onednn_implementations(lines: list[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _add_with_and_without_bias(worst: _Worst, linear: object, x: torch.Tensor,
+                               ref: torch.Tensor, bias: torch.Tensor) -> None:
+    """A prepacked linear's cases at ``x``: without and with ``bias`` against ``ref``."""
+    worst.add(linear(x, None), ref)  # type: ignore[operator]
+    worst.add(linear(x, bias), ref + bias.double())  # type: ignore[operator]
+
+
 def probe_onednn_linear(shapes: ProbeShapes) -> ProbeReport:
     from hermes_async.model.attention.vllm_cpu import load_ops
     from hermes_async.model.layer_ops import OneDnnLinear
@@ -115,9 +122,8 @@ def probe_onednn_linear(shapes: ProbeShapes) -> ProbeReport:
             bias = torch.randn(weight.shape[0], generator=gen).to(dtype)
             for rows in LINEAR_ROWS:
                 x = torch.randn(rows, k, generator=gen).to(dtype)
-                ref = x.double() @ weight.double().T
-                worst.add(linear(x, None), ref)
-                worst.add(linear(x, bias), ref + bias.double())
+                _add_with_and_without_bias(worst, linear, x, x.double() @ weight.double().T,
+                                           bias)
             del linear
     impls = onednn_implementations(lines)
     return worst.report(shapes.dtype, "oneDNN: " + (", ".join(impls) if impls else
@@ -343,8 +349,8 @@ def probe_onednn_w8a8(shapes: ProbeShapes) -> ProbeReport:
     rounding."""
     from hermes_async.model.attention.vllm_cpu import load_ops
     from hermes_async.model.layer_ops import OneDnnW8A8
-    from hermes_async.model.quant.w8a8 import reference
-    from hermes_async.model.quant.weights import W8A8, quantize_int8
+    from hermes_async.model.quant.w8a8 import quantize_w8a8, reference
+    from hermes_async.model.quant.weights import W8A8
 
     if shapes.quantization != W8A8:
         raise NotApplicable("no W8A8 weights (model.quantization)")
@@ -354,15 +360,12 @@ def probe_onednn_w8a8(shapes: ProbeShapes) -> ProbeReport:
     worst = _Worst()
     with _captured_stdout() as lines:
         for n, k in shapes.linears:
-            weight = quantize_int8(_weight(n, k, torch.float32, gen))
-            weight.scheme = W8A8
+            weight = quantize_w8a8(_weight(n, k, torch.float32, gen))
             linear = OneDnnW8A8(ops, weight, dtype)
             bias = torch.randn(weight.shape[0], generator=gen).to(dtype)
             for rows in W8A8_ROWS:
                 x = torch.randn(rows, k, generator=gen).to(dtype)
-                ref = reference(x, weight)
-                worst.add(linear(x, None), ref)
-                worst.add(linear(x, bias), ref + bias.double())
+                _add_with_and_without_bias(worst, linear, x, reference(x, weight), bias)
             del linear
     impls = onednn_implementations(lines)
     return worst.report(shapes.dtype, f"rows {', '.join(map(str, W8A8_ROWS))}; oneDNN: "

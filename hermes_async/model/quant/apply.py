@@ -12,11 +12,11 @@ channel), ``int4`` (groups of 32 along K, asymmetric), ``int4-g128`` (groups of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
-from hermes_async.model.quant.smooth import smoothing_scales
+from hermes_async.model.quant.w8a8 import quantize_w8a8
 from hermes_async.model.quant.weights import (
     PAIRS,
     ROWS,
@@ -44,6 +44,13 @@ class QuantReport:
     bytes_after: int = 0
     kept_float: list[str] = field(default_factory=list)
 
+    def add(self, weight: torch.Tensor, q: QuantizedWeight) -> None:
+        """Count ``weight``, quantized as ``q``."""
+        self.quantized += 1
+        self.smoothed += q.input_scale is not None
+        self.bytes_before += weight.numel() * weight.element_size()
+        self.bytes_after += q.nbytes
+
     def describe(self) -> str:
         kept = f"; kept in float: {', '.join(self.kept_float)}" if self.kept_float else ""
         smoothed = f" ({self.smoothed} smoothed)" if self.smoothed else ""
@@ -61,11 +68,8 @@ def _quantize(weight: torch.Tensor, scheme: str, layout: str,
         return None
     if scheme == "int8":
         return quantize_int8(weight, layout=layout)
-    if scheme == W8A8:  # the kernel (oneDNN) prepacks its own copy: rows
-        if activation_max is None:
-            return replace(quantize_int8(weight), scheme=W8A8)
-        s = smoothing_scales(weight, activation_max)
-        return replace(quantize_int8(weight.float() * s), scheme=W8A8, input_scale=1 / s)
+    if scheme == W8A8:
+        return quantize_w8a8(weight, activation_max)
     group = INT4_GROUPS[scheme]
     if weight.shape[1] % group:
         return None
@@ -89,10 +93,7 @@ def quantize_model(model: torch.nn.Module, scheme: str, layout: str = ROWS,
         if q is None:
             report.kept_float.append(f"{label} {tuple(weight.shape)}")
             return
-        report.quantized += 1
-        report.smoothed += q.input_scale is not None
-        report.bytes_before += weight.numel() * weight.element_size()
-        report.bytes_after += q.nbytes
+        report.add(weight, q)
         del owner._parameters[name]
         setattr(owner, name, q)
 
@@ -104,10 +105,7 @@ def quantize_model(model: torch.nn.Module, scheme: str, layout: str = ROWS,
     if q is None:
         report.kept_float.append(f"lm head {tuple(head.shape)}")
     else:
-        report.quantized += 1
-        report.smoothed += q.input_scale is not None
-        report.bytes_before += head.numel() * head.element_size()
-        report.bytes_after += q.nbytes
+        report.add(head, q)
         if model.lm_head is not None:  # type: ignore[attr-defined]
             del model._parameters["lm_head"]
             model.lm_head = None  # type: ignore[attr-defined]

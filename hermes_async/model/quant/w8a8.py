@@ -16,9 +16,22 @@ count faster than the bfloat16 matmul on an AMX Xeon (BENCHMARKS.md).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from hermes_async.model.quant.weights import INT8_MAX, QuantizedWeight
+from hermes_async.model.quant.smooth import smoothing_scales
+from hermes_async.model.quant.weights import INT8_MAX, W8A8, QuantizedWeight, quantize_int8
+
+
+def quantize_w8a8(weight: torch.Tensor,
+                  activation_max: torch.Tensor | None = None) -> QuantizedWeight:
+    """A W8A8 weight (rows layout: the kernel prepacks its own copy): ``int8``'s integers,
+    smoothed (:mod:`.smooth`) where the input channels' maxima ``activation_max`` are given."""
+    if activation_max is None:
+        return replace(quantize_int8(weight), scheme=W8A8)
+    s = smoothing_scales(weight, activation_max)
+    return replace(quantize_int8(weight.float() * s), scheme=W8A8, input_scale=1 / s)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -111,6 +111,9 @@ def openapi_document(model_name: str) -> dict[str, Any]:
                                                                   rt.MessageParam)}
     for name in ("ChatCompletionRequest",):  # decoded as list[Any]: assembly validates them
         components[name]["properties"]["messages"] = messages
+    # decoded as str | list[Any] (msgspec: one array type per union), checked by
+    # completion_prompts: its four shapes said precisely
+    components["CompletionRequest"]["properties"]["prompt"] = rq.PROMPT_SCHEMA
     refs = dict(zip(types, schemas, strict=True))
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:

@@ -28,6 +28,23 @@ PositiveInt = Annotated[int, Meta(ge=1)]
 T = TypeVar("T", bound=msgspec.Struct)
 
 
+def documented(low: float, high: float, *, exclusive_low: bool = False) -> Meta:
+    """A range said in ``/openapi.json`` only: :class:`SamplingParams` checks it and names
+    the field in its 400 (msgspec's own bound would word the error differently)."""
+    return Meta(extra_json_schema={"exclusiveMinimum" if exclusive_low else "minimum": low,
+                                   "maximum": high})
+
+
+Penalty = Annotated[float, documented(-2, 2)]
+# what completion_prompts takes (the completions' prompt in /openapi.json)
+PROMPT_SCHEMA = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+    {"type": "array", "minItems": 1,
+     "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}}]}
+
+
 class StreamOptions(msgspec.Struct):
     """``stream_options``: ``include_usage`` adds a last chunk with ``usage``."""
 
@@ -39,19 +56,19 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     max_tokens: PositiveInt | None = None
     temperature: float | None = None
     top_p: float | None = None
-    n: int = 1
+    n: Annotated[int, documented(1, 128)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     # vLLM extras
     top_k: int | None = None
     min_p: float | None = None
-    repetition_penalty: float | None = None
+    repetition_penalty: Annotated[float, documented(0, 10, exclusive_low=True)] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, Meta(ge=0)] = 0
     stop_token_ids: list[int] | None = None
@@ -88,11 +105,11 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     """``POST /v1/completions``: ``prompt`` is a string, a list of strings, a list of token
     ids or a list of token-id lists (several prompts -> choices ``k * n + i``)."""
 
-    prompt: str | list[Any]
+    prompt: str | list[Any]  # /openapi.json says PROMPT_SCHEMA
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    suffix: Annotated[str, Meta(extra_json_schema={"maxLength": 0})] | None = None  # refused
+    best_of: Annotated[int, Meta(description="only equal to n")] | None = None
     add_special_tokens: bool | None = None
 
 

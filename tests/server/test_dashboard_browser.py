@@ -254,12 +254,15 @@ def test_dashboard_in_chromium(srv, driver, tmp_path):
     driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     driver.refresh()
     wait.until(lambda d: polls(d) > 0 and not error_line(d))
+    assert severe(driver.get_log("browser")) == []  # no JS error, CSP violation or failed poll
     driver.execute_script("sessionStorage.clear()")
     driver.get(f"{page}&key={KEY}")
     wait.until(lambda d: polls(d) > 0 and not error_line(d))
     assert "key=" not in driver.current_url
     assert driver.execute_script("return sessionStorage.length") == 1
-
-    assert severe(driver.get_log("browser")) == []  # no JS error, CSP violation or failed poll
+    # the old page may poll once without a key between the clear and the navigation (a CI run
+    # under load saw one 401); the new page's own polls succeed (the wait above)
+    assert [e for e in severe(driver.get_log("browser"))
+            if not ("/cache/stats" in e["message"] and "401" in e["message"])] == []
     print(f"workload {workload_s:.1f} s, whole test {time.monotonic() - started:.1f} s "
           "after the workload began")

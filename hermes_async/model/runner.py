@@ -136,14 +136,14 @@ class ModelRunner:
 
     def _pairs_layout(self, parts: frozenset[str]) -> bool:
         """Whether the quantized weights go to our GEMV (``int8_gemv`` / ``int4_gemv``:
-        admitted, bfloat16 on the CPU)."""
+        admitted by its probe in this dtype, on the CPU)."""
         from hermes_async.model.attention.native_cpu import NATIVE_INT4, NATIVE_INT8
 
         scheme = self.model_config.quantization
         if scheme not in NATIVE_SCHEMES:  # W8A8: oneDNN prepacks its own
             return False
         kernel = NATIVE_INT8 if scheme == "int8" else NATIVE_INT4
-        return kernel in parts and self.dtype == torch.bfloat16 and self.device.type == "cpu"
+        return kernel in parts and self.device.type == "cpu"
 
     @property
     def num_blocks(self) -> int:

@@ -14,19 +14,11 @@ from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.quant.weights import PAIRS, ROWS, quantize_int4
 from hermes_async.model.runner import ModelRunner
 from tests.model.conftest import KERNEL_HEAD_DIM, native_unavailable
-from tests.model.test_quant_int8 import assert_same_greedy
+from tests.model.test_quant_int8 import NEEDS, ROUNDING, _kernel, assert_same_greedy, kernel_dtypes
 
-
-def _kernel() -> bool:
-    if native_unavailable() is not None:
-        return False
-    from hermes_async.model.attention import native
-
-    native.load()
-    return bool(torch.ops.hermes_native.int4_gemv_supported())
-
-
-needs_kernel = pytest.mark.skipif(not _kernel(), reason="no AVX512-BF16 int4 GEMV here")
+INT4 = "int4_gemv_supported"
+needs_kernel = pytest.mark.skipif(native_unavailable() is not None,
+                                  reason="no native library")
 
 SHAPES = [(16, 32), (48, 64), (960, 576), (576, 1536), (1536, 576), (4096, 1024),
           (2048, 6144), (272, 256)]
@@ -57,48 +49,52 @@ def test_quantizer_refusals_and_constant_groups():
     assert torch.equal(quantize_int4(w, 32, PAIRS).dequantize(torch.float32), w)
 
 
-@needs_kernel
+@pytest.mark.parametrize("dtype", kernel_dtypes(INT4))
 @pytest.mark.parametrize("n, k", SHAPES)
 @pytest.mark.parametrize("group", [32, 128])
-def test_int4_gemv_matches_float64_of_the_dequantized_weight(n, k, group):
+def test_int4_gemv_matches_float64_of_the_dequantized_weight(n, k, group, dtype):
     if k % group:
         pytest.skip("K not a multiple of the group")
     gen = torch.Generator().manual_seed(n + 3 * k + group)
     q = quantize_int4(torch.randn(n, k, generator=gen) / k ** 0.5, group, PAIRS)
     exact = q.dequantize(torch.float32).double()
     for rows in ROW_COUNTS:
-        x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-        out = torch.empty(rows, n, dtype=torch.bfloat16)
+        x = torch.randn(rows, k, generator=gen).to(getattr(torch, dtype))
+        out = torch.empty(rows, n, dtype=x.dtype)
         torch.ops.hermes_native.int4_gemv(out, x, q.values, q.scales, q.mins)
         ref = x.double() @ exact.T
-        bound = ref.abs() * 2 ** -8 + 1e-5 * (x.double().abs() @ exact.abs().T) + 1e-6
+        bound = (ref.abs() * ROUNDING[dtype] + 1e-5 * (x.double().abs() @ exact.abs().T)
+                 + 1e-6)
         assert ((out.double() - ref).abs() <= bound).all(), rows
 
 
 @needs_kernel
-def test_int4_dequantize_is_the_reference_to_one_rounding():
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_int4_dequantize_is_the_reference_to_one_rounding(dtype):
     gen = torch.Generator().manual_seed(5)
     q = quantize_int4(torch.randn(96, 256, generator=gen), 32, PAIRS)
-    w = torch.empty(96, 256, dtype=torch.bfloat16)
+    w = torch.empty(96, 256, dtype=getattr(torch, dtype))
     torch.ops.hermes_native.int4_dequantize(w, q.values, q.scales, q.mins)
     exact = q.dequantize(torch.float32)
-    assert ((w.float() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-7).all()
+    # float32: q * scale + min may be contracted to one FMA (the cancellation near zero)
+    assert ((w.float() - exact).abs() <= exact.abs() * ROUNDING[dtype] + 1e-6).all()
 
 
-@needs_kernel
-def test_layer_ops_take_the_gemv_for_few_rows_and_dequantize_for_many(tiny_models):
+@pytest.mark.parametrize("dtype", kernel_dtypes(INT4))
+def test_layer_ops_take_the_gemv_for_few_rows_and_dequantize_for_many(tiny_models, dtype):
     from torch.profiler import ProfilerActivity, profile
 
     from hermes_async.model.attention.native_cpu import NativeTorchLayerOps
     from hermes_async.model.spec import read_spec
 
     spec = read_spec(tiny_models("llama", KERNEL_HEAD_DIM))
-    ops = NativeTorchLayerOps(spec, torch.bfloat16, [])
+    dt = getattr(torch, dtype)
+    ops = NativeTorchLayerOps(spec, dt, [])
     assert "native-int4" in ops.name
     q = quantize_int4(torch.randn(64, 64), 32, PAIRS)
     most = ops.int4_gemv_max_rows
     for rows, kernel in ((1, "int4_gemv"), (most, "int4_gemv"), (most + 1, "int4_dequantize")):
-        x = torch.randn(rows, 64).to(torch.bfloat16)
+        x = torch.randn(rows, 64).to(dt)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             out = ops.linear(x, q)
         assert f"hermes_native::{kernel}" in {e.key for e in prof.key_averages()}, rows
@@ -106,8 +102,8 @@ def test_layer_ops_take_the_gemv_for_few_rows_and_dequantize_for_many(tiny_model
         assert (out.double() - ref).abs().max() <= 0.02 * ref.abs().max()
 
 
-@needs_kernel
-def test_its_probe_admits_it_only_for_int4_models(tiny_models):
+@pytest.mark.parametrize("dtype", kernel_dtypes(INT4))
+def test_its_probe_admits_it_only_for_int4_models(tiny_models, dtype):
     from hermes_async.model.kernels.paths import NotApplicable
     from hermes_async.model.kernels.probe_ops import probe_native_int4
     from hermes_async.model.kernels.shapes import ProbeShapes
@@ -115,7 +111,7 @@ def test_its_probe_admits_it_only_for_int4_models(tiny_models):
 
     spec = read_spec(tiny_models("qwen3", KERNEL_HEAD_DIM))
     for scheme in ("int4", "int4-g128"):
-        shapes = ProbeShapes.from_spec(spec, 16, "bfloat16", 1, scheme)
+        shapes = ProbeShapes.from_spec(spec, 16, dtype, 1, scheme)
         try:
             report = probe_native_int4(shapes)
         except NotApplicable as e:  # the tiny model's K < 128
@@ -123,11 +119,13 @@ def test_its_probe_admits_it_only_for_int4_models(tiny_models):
             continue
         assert report.ok, report
     with pytest.raises(NotApplicable, match="no int4 weights"):
-        probe_native_int4(ProbeShapes.from_spec(spec, 16, "bfloat16", 1, "int8"))
+        probe_native_int4(ProbeShapes.from_spec(spec, 16, dtype, 1, "int8"))
 
 
-def _dequantized_runner(path, backend: str, layout: str, group: int) -> ModelRunner:
-    runner = ModelRunner(path, ModelConfig(dtype="bfloat16", attention_backend=backend),
+def _dequantized_runner(path, backend: str, layout: str, group: int,
+                        dtype: str = "bfloat16") -> ModelRunner:
+    dt = getattr(torch, dtype)
+    runner = ModelRunner(path, ModelConfig(dtype=dtype, attention_backend=backend),
                          CacheConfig(kv_cache_bytes=8 << 20))
     model = runner.model
 
@@ -138,10 +136,10 @@ def _dequantized_runner(path, backend: str, layout: str, group: int) -> ModelRun
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
             w = getattr(layer, name)
             if w is not None and ok(w):
-                w.data.copy_(quantize_int4(w.data, group, layout).dequantize(torch.bfloat16))
+                w.data.copy_(quantize_int4(w.data, group, layout).dequantize(dt))
     head = model.head_weight
     if ok(head):
-        deq = quantize_int4(head.data, group, layout).dequantize(torch.bfloat16)
+        deq = quantize_int4(head.data, group, layout).dequantize(dt)
         model.lm_head = torch.nn.Parameter(deq, requires_grad=False)
     runner.model.ops = runner.attention.layer_ops(runner.spec, runner.dtype,
                                                   runner.model.matmul_weights(),
@@ -149,19 +147,22 @@ def _dequantized_runner(path, backend: str, layout: str, group: int) -> ModelRun
     return runner
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 @pytest.mark.parametrize("backend", ["native-cpu", "torch"])
-def test_greedy_answers_equal_the_dequantized_runners(tiny_models, arch, backend):
-    if backend == "native-cpu" and not _kernel():
-        pytest.skip("no int4 kernel here")
+def test_greedy_answers_equal_the_dequantized_runners(tiny_models, arch, backend, dtype):
+    if backend == "native-cpu" and not _kernel(dtype, INT4):
+        pytest.skip(f"no int4 kernel in {dtype} here ({NEEDS[dtype]})")
     path = tiny_models(arch, KERNEL_HEAD_DIM)
-    runner = ModelRunner(path, ModelConfig(dtype="bfloat16", attention_backend=backend,
+    runner = ModelRunner(path, ModelConfig(dtype=dtype, attention_backend=backend,
                                            quantization="int4"),
                          CacheConfig(kv_cache_bytes=8 << 20))
     layout = PAIRS if backend == "native-cpu" else ROWS
     assert runner.quantization is not None and runner.quantization.layout == layout
     assert runner.quantization.quantized > 0
-    oracle = _dequantized_runner(path, backend, layout, 32)
+    if backend == "native-cpu":
+        assert "native-int4" in runner.model.ops.name, runner.model.ops.name
+    oracle = _dequantized_runner(path, backend, layout, 32, dtype)
     rng = random.Random(arch)
     prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in (5, 17, 40)]
     assert_same_greedy(runner, oracle, prompts)

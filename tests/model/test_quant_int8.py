@@ -21,16 +21,28 @@ from hermes_async.step import SequenceStep
 from tests.model.conftest import KERNEL_HEAD_DIM, native_unavailable
 
 
-def _kernel() -> bool:
+def _kernel(dtype: str = "bfloat16", op: str = "int8_gemv_supported") -> bool:
     if native_unavailable() is not None:
         return False
     from hermes_async.model.attention import native
 
     native.load()
-    return bool(torch.ops.hermes_native.int8_gemv_supported())
+    return bool(getattr(torch.ops.hermes_native, op)(getattr(torch, dtype)))
 
 
-needs_kernel = pytest.mark.skipif(not _kernel(), reason="no AVX512-BF16 int8 GEMV here")
+NEEDS = {"bfloat16": "AVX512-BF16", "float32": "AVX2 and FMA"}
+
+
+def kernel_dtypes(op: str = "int8_gemv_supported") -> list:
+    """The activation dtypes of a quantized GEMV, each skipped where this CPU lacks what its
+    kernel needs (bfloat16: AVX512-BF16; float32: AVX2 + FMA)."""
+    return [pytest.param(d, marks=pytest.mark.skipif(
+        not _kernel(d, op), reason=f"no {op.split('_')[0]} GEMV in {d} here ({NEEDS[d]})"))
+        for d in NEEDS]
+
+
+needs_kernel = pytest.mark.skipif(native_unavailable() is not None,
+                                  reason="no native library")
 
 # (N, K) of the linears of the default model (SmolLM2-135M), Qwen3-0.6B/1.7B, a Llama-8B MLP
 # slice, and small odd shapes (blocks of 16 outputs, groups of four blocks, remainders)
@@ -65,41 +77,47 @@ def test_quantizer_refusals_and_zero_rows():
     assert torch.equal(q.dequantize(torch.float32), torch.zeros(16, 8))
 
 
-@needs_kernel
+ROUNDING = {"bfloat16": 2 ** -8, "float32": 2 ** -22}  # of the output, relative
+
+
+@pytest.mark.parametrize("dtype", kernel_dtypes())
 @pytest.mark.parametrize("n, k", SHAPES)
 @pytest.mark.parametrize("group", [None, 32])
-def test_int8_gemv_matches_float64_of_the_dequantized_weight(n, k, group):
-    """float32 accumulation of exact products, each group's sum scaled once, rounded to
-    bfloat16 at the end: within bfloat16's rounding of the exact product plus float32 sums."""
+def test_int8_gemv_matches_float64_of_the_dequantized_weight(n, k, group, dtype):
+    """float32 accumulation of exact products, each group's sum scaled once, rounded to the
+    activations' dtype at the end: within that rounding of the exact product plus float32
+    sums (bfloat16 on AVX512-BF16, float32 on AVX2)."""
     if group is not None and k % group:
         pytest.skip("K not a multiple of the group")
     gen = torch.Generator().manual_seed(n + 7 * k)
     q = quantize_int8(torch.randn(n, k, generator=gen) / k ** 0.5, group, PAIRS)
     exact = q.dequantize(torch.float32).double()
     for rows in ROW_COUNTS:
-        x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-        out = torch.empty(rows, n, dtype=torch.bfloat16)
+        x = torch.randn(rows, k, generator=gen).to(getattr(torch, dtype))
+        out = torch.empty(rows, n, dtype=x.dtype)
         torch.ops.hermes_native.int8_gemv(out, x, q.values, q.scales)
         ref = x.double() @ exact.T
-        bound = ref.abs() * 2 ** -8 + 1e-5 * (x.double().abs() @ exact.abs().T) + 1e-6
+        bound = (ref.abs() * ROUNDING[dtype] + 1e-5 * (x.double().abs() @ exact.abs().T)
+                 + 1e-6)
         assert ((out.double() - ref).abs() <= bound).all(), rows
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("group", [None, 32])
-def test_int8_dequantize_is_the_reference_exactly(group):
+def test_int8_dequantize_is_the_reference_exactly(group, dtype):
     gen = torch.Generator().manual_seed(5)
     q = quantize_int8(torch.randn(96, 320, generator=gen), group, PAIRS)
-    w = torch.empty(96, 320, dtype=torch.bfloat16)
+    w = torch.empty(96, 320, dtype=getattr(torch, dtype))
     torch.ops.hermes_native.int8_dequantize(w, q.values, q.scales)
-    assert torch.equal(w, q.dequantize(torch.bfloat16))
+    assert torch.equal(w, q.dequantize(w.dtype))
 
 
 @needs_kernel
 def test_int8_gemv_refuses_what_it_cannot_compute():
     ops = torch.ops.hermes_native
     q = quantize_int8(torch.randn(32, 64), None, PAIRS)
-    with pytest.raises(RuntimeError, match="bfloat16 \\[M, 64\\]"):
+    with pytest.raises(RuntimeError, match="float32 \\[M, 64\\]"):
         ops.int8_gemv(torch.empty(1, 32, dtype=torch.bfloat16),
                       torch.zeros(1, 62, dtype=torch.bfloat16), q.values, q.scales)
     with pytest.raises(RuntimeError, match="int8 \\[N / 16"):
@@ -111,48 +129,47 @@ def test_int8_gemv_refuses_what_it_cannot_compute():
                       torch.ones(2, 5, 16))
 
 
-@needs_kernel
-def test_layer_ops_take_the_gemv_for_few_rows_and_dequantize_for_many(tiny_models):
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+def test_layer_ops_take_the_gemv_for_few_rows_and_dequantize_for_many(tiny_models, dtype):
     from torch.profiler import ProfilerActivity, profile
 
     from hermes_async.model.attention.native_cpu import NativeTorchLayerOps
     from hermes_async.model.spec import read_spec
 
     spec = read_spec(tiny_models("llama", KERNEL_HEAD_DIM))
-    ops = NativeTorchLayerOps(spec, torch.bfloat16, [])
+    dt = getattr(torch, dtype)
+    ops = NativeTorchLayerOps(spec, dt, [])
     assert "native-int8" in ops.name
     q = quantize_int8(torch.randn(64, 32), None, PAIRS)
-    bias = torch.randn(64).to(torch.bfloat16)
+    bias = torch.randn(64).to(dt)
     most = ops.int8_gemv_max_rows
     for rows, kernel in ((1, "int8_gemv"), (most, "int8_gemv"), (most + 1, "int8_dequantize")):
-        x = torch.randn(rows, 32).to(torch.bfloat16)
+        x = torch.randn(rows, 32).to(dt)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             out = ops.linear(x, q, bias)
         assert f"hermes_native::{kernel}" in {e.key for e in prof.key_averages()}, rows
         ref = x.double() @ q.dequantize(torch.float32).double().T + bias.double()
         assert (out.double() - ref).abs().max() <= 0.02 * ref.abs().max()
     rows_layout = quantize_int8(torch.randn(64, 32), None, ROWS)  # not the kernel's layout
-    x = torch.randn(3, 32).to(torch.bfloat16)
-    ref = torch.nn.functional.linear(x, rows_layout.dequantize(torch.bfloat16))
+    x = torch.randn(3, 32).to(dt)
+    ref = torch.nn.functional.linear(x, rows_layout.dequantize(dt))
     assert torch.equal(ops.linear(x, rows_layout), ref)
 
 
-@needs_kernel
-def test_its_probe_admits_it_only_for_int8_models(tiny_models):
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+def test_its_probe_admits_it_only_for_int8_models(tiny_models, dtype):
     from hermes_async.model.kernels.paths import NotApplicable
     from hermes_async.model.kernels.probe_ops import probe_native_int8
     from hermes_async.model.kernels.shapes import ProbeShapes
     from hermes_async.model.spec import read_spec
 
     spec = read_spec(tiny_models("qwen3", KERNEL_HEAD_DIM))
-    shapes = ProbeShapes.from_spec(spec, 16, "bfloat16", 1, "int8")
+    shapes = ProbeShapes.from_spec(spec, 16, dtype, 1, "int8")
     assert ProbeShapes.from_json(shapes.to_json()) == shapes
     report = probe_native_int8(shapes)
     assert report.ok, report
     with pytest.raises(NotApplicable, match="no int8 weights"):
-        probe_native_int8(ProbeShapes.from_spec(spec, 16, "bfloat16", 1))
-    with pytest.raises(NotApplicable, match="bfloat16"):
-        probe_native_int8(ProbeShapes.from_spec(spec, 16, "float32", 1, "int8"))
+        probe_native_int8(ProbeShapes.from_spec(spec, 16, dtype, 1))
 
 
 def test_config_refuses_an_unknown_scheme():
@@ -160,19 +177,20 @@ def test_config_refuses_an_unknown_scheme():
         ModelConfig(quantization="int3")
 
 
-def _dequantized_runner(path, backend: str, layout: str) -> ModelRunner:
-    """The oracle: a runner whose linears hold ``q * scale`` as plain bfloat16 weights."""
-    runner = ModelRunner(path, ModelConfig(dtype="bfloat16", attention_backend=backend),
+def _dequantized_runner(path, backend: str, layout: str, dtype: str = "bfloat16") -> ModelRunner:
+    """The oracle: a runner whose linears hold ``q * scale`` as plain weights of ``dtype``."""
+    dt = getattr(torch, dtype)
+    runner = ModelRunner(path, ModelConfig(dtype=dtype, attention_backend=backend),
                          CacheConfig(kv_cache_bytes=8 << 20))
     model = runner.model
     weights = [getattr(layer, n) for layer in model.layers
                for n in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")]
     for w in weights:
         if w is not None and not (layout == PAIRS and w.shape[0] % 16):
-            w.data.copy_(quantize_int8(w.data, None, layout).dequantize(torch.bfloat16))
+            w.data.copy_(quantize_int8(w.data, None, layout).dequantize(dt))
     head = model.head_weight  # tied: a dequantized copy; the embedding stays for the lookup
     if not (layout == PAIRS and head.shape[0] % 16):
-        deq = quantize_int8(head.data, None, layout).dequantize(torch.bfloat16)
+        deq = quantize_int8(head.data, None, layout).dequantize(dt)
         model.lm_head = torch.nn.Parameter(deq, requires_grad=False)
     runner.model.ops = runner.attention.layer_ops(runner.spec, runner.dtype,
                                                   runner.model.matmul_weights(),
@@ -222,21 +240,24 @@ def _greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[l
     return _decode(runner, prompts, steps)[0]
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "phi3"])
 @pytest.mark.parametrize("backend", ["native-cpu", "torch"])
-def test_greedy_answers_equal_the_dequantized_runners(tiny_models, arch, backend, caplog):
-    if backend == "native-cpu" and not _kernel():
-        pytest.skip("no int8 kernel here")
+def test_greedy_answers_equal_the_dequantized_runners(tiny_models, arch, backend, dtype, caplog):
+    if backend == "native-cpu" and not _kernel(dtype):
+        pytest.skip(f"no int8 kernel in {dtype} here ({NEEDS[dtype]})")
     path = tiny_models(arch, KERNEL_HEAD_DIM)
     with caplog.at_level(logging.INFO, logger="hermes_async.model"):
-        runner = ModelRunner(path, ModelConfig(dtype="bfloat16", attention_backend=backend,
+        runner = ModelRunner(path, ModelConfig(dtype=dtype, attention_backend=backend,
                                                quantization="int8"),
                              CacheConfig(kv_cache_bytes=8 << 20))
     layout = PAIRS if backend == "native-cpu" else ROWS
     assert runner.quantization is not None and runner.quantization.layout == layout
     assert any("quantization: int8 weights" in r.message and "MiB ->" in r.message
                for r in caplog.records)
-    oracle = _dequantized_runner(path, backend, layout)
+    if backend == "native-cpu":
+        assert "native-int8" in runner.model.ops.name, runner.model.ops.name
+    oracle = _dequantized_runner(path, backend, layout, dtype)
     rng = random.Random(arch)
     prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in (5, 17, 40)]
     assert_same_greedy(runner, oracle, prompts)

@@ -95,10 +95,18 @@ INT4_GEMV_MAX_ROWS = 16  # int4_gemv: passes of 8 rows
 # with AMX the bfloat16 matmul of the dequantized weight runs on tiles: past 8 rows it beats
 # the GEMVs (a 2048 x 6144 int8 weight at 32 rows: 2.1 ms against int8_gemv's 6.3; BENCHMARKS.md)
 AMX_GEMV_MAX_ROWS = 8
+# float32 activations (quant_f32.h, AVX2 + FMA): on an AVX2-only Zen 3 the GEMVs beat the
+# float32 dequantize + matmul up to 128 rows (2048 x 6144 at 64 rows: int8 22-28 ms, int4
+# 25-27, the dequantized matmul 24-32; even at 128; loadtest/bench_quant_kernels.py)
+F32_GEMV_MAX_ROWS = 128
 
 
-def quantized_gemv_max_rows(features: CpuFeatures) -> tuple[int, int]:
-    """The most rows ``int8_gemv`` and ``int4_gemv`` take on this CPU kind (measured)."""
+def quantized_gemv_max_rows(features: CpuFeatures,
+                            dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+    """The most rows ``int8_gemv`` and ``int4_gemv`` take on this CPU kind in ``dtype``
+    (measured); more rows dequantize the weight for a matmul."""
+    if dtype == torch.float32:
+        return F32_GEMV_MAX_ROWS, F32_GEMV_MAX_ROWS
     if features.amx_bf16:
         return AMX_GEMV_MAX_ROWS, AMX_GEMV_MAX_ROWS
     return INT8_GEMV_MAX_ROWS, INT4_GEMV_MAX_ROWS
@@ -125,6 +133,7 @@ class NativeOps:
     _native_moe: bool
     _native_int8: bool
     _native_int4: bool
+    _quantized_dtype: torch.dtype  # the activations' dtype int8_gemv / int4_gemv take
     _scratch: torch.Tensor | None  # the dequantized weight of a many-row quantized linear
     int8_gemv_max_rows: int
     int4_gemv_max_rows: int
@@ -137,10 +146,11 @@ class NativeOps:
         self._gemv = {}
         self._native_silu = silu
         self._native_moe = moe and ops.grouped_gemv_supported()
-        self._native_int8 = int8 and ops.int8_gemv_supported()
-        self._native_int4 = int4 and ops.int4_gemv_supported()
+        self._native_int8 = int8 and ops.int8_gemv_supported(dtype)
+        self._native_int4 = int4 and ops.int4_gemv_supported(dtype)
+        self._quantized_dtype = dtype
         self.int8_gemv_max_rows, self.int4_gemv_max_rows = quantized_gemv_max_rows(
-            cpu_features.current())
+            cpu_features.current(), dtype)
         self._scratch = None
         total = sum(w.numel() * w.element_size() for w in weights)
         if (gemv and dtype == torch.bfloat16 and ops.gemv_supported()
@@ -176,7 +186,7 @@ class NativeOps:
             return super().quantized_linear(x, weight, bias)  # type: ignore[misc]
         int4 = weight.scheme != "int8"
         on = self._native_int4 if int4 else self._native_int8
-        if not on or weight.layout != PAIRS or x.dtype != torch.bfloat16:
+        if not on or weight.layout != PAIRS or x.dtype != self._quantized_dtype:
             return super().quantized_linear(x, weight, bias)  # type: ignore[misc]
         ops = torch.ops.hermes_native
         n, k = weight.shape
@@ -184,7 +194,7 @@ class NativeOps:
         tensors = ((weight.values, weight.scales, weight.mins) if int4
                    else (weight.values, weight.scales))
         if rows > (self.int4_gemv_max_rows if int4 else self.int8_gemv_max_rows):
-            w = self._dequantized(n, k)
+            w = self._dequantized(n, k, x.dtype)
             (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
             return F.linear(x, w, bias)
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
@@ -192,13 +202,13 @@ class NativeOps:
                                                    x.reshape(rows, k).contiguous(), *tensors)
         return out if bias is None else out + bias
 
-    def _dequantized(self, n: int, k: int) -> torch.Tensor:
-        """A bfloat16 ``[n, k]`` scratch for a dequantized weight, one buffer reused by every
-        call (the forward runs one linear at a time): a fresh one for each would fault in
-        its pages every time (past glibc's 32 MiB mmap threshold: 15 ms for 50 MB here)."""
+    def _dequantized(self, n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+        """A ``[n, k]`` scratch for a dequantized weight, one buffer reused by every call (the
+        forward runs one linear at a time): a fresh one for each would fault in its pages
+        every time (past glibc's 32 MiB mmap threshold: 15 ms for 50 MB here)."""
         scratch = self._scratch
-        if scratch is None or scratch.numel() < n * k:
-            scratch = self._scratch = torch.empty(n * k, dtype=torch.bfloat16)
+        if scratch is None or scratch.numel() < n * k or scratch.dtype != dtype:
+            scratch = self._scratch = torch.empty(n * k, dtype=dtype)
         return scratch[:n * k].view(n, k)
 
     def grouped_mm(self, x: torch.Tensor, weights: torch.Tensor | PackedExperts,

@@ -269,10 +269,10 @@ def probe_native_int8(shapes: ProbeShapes) -> ProbeReport:
     ops = torch.ops.hermes_native
     if shapes.quantization != "int8":
         raise NotApplicable("no int8 weights (model.quantization)")
-    if shapes.dtype != "bfloat16":
-        raise NotApplicable("the int8 GEMV takes bfloat16 activations only")
-    if not ops.int8_gemv_supported():
-        raise NotApplicable("the int8 GEMV needs AVX512-BF16")
+    dtype = DTYPES[shapes.dtype]
+    if not ops.int8_gemv_supported(dtype):
+        raise NotApplicable(f"no int8 GEMV in {shapes.dtype} on this CPU (bfloat16 needs "
+                            "AVX512-BF16, float32 AVX2 and FMA)")
     gen = torch.Generator().manual_seed(23)
     worst = _Worst()
     for n, k in shapes.linears:
@@ -284,13 +284,13 @@ def probe_native_int8(shapes: ProbeShapes) -> ProbeReport:
                 continue
             q = quantize_int8(weight, group, PAIRS)
             exact = q.dequantize(torch.float32).double()
-            w = torch.empty(q.shape[0], k, dtype=torch.bfloat16)
+            w = torch.empty(q.shape[0], k, dtype=dtype)
             ops.int8_dequantize(w, q.values, q.scales)
-            if not torch.equal(w, q.dequantize(torch.bfloat16)):
+            if not torch.equal(w, q.dequantize(dtype)):
                 return ProbeReport(float("inf"), 0.0, f"int8_dequantize differs at {n}x{k}")
             for rows in INT8_ROWS:
-                x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-                out = torch.empty(rows, q.shape[0], dtype=torch.bfloat16)
+                x = torch.randn(rows, k, generator=gen).to(dtype)
+                out = torch.empty(rows, q.shape[0], dtype=dtype)
                 ops.int8_gemv(out, x, q.values, q.scales)
                 worst.add(out, x.double() @ exact.T)
     if not worst.cases:
@@ -313,10 +313,10 @@ def probe_native_int4(shapes: ProbeShapes) -> ProbeReport:
     ops = torch.ops.hermes_native
     if shapes.quantization not in INT4_GROUPS:
         raise NotApplicable("no int4 weights (model.quantization)")
-    if shapes.dtype != "bfloat16":
-        raise NotApplicable("the int4 GEMV takes bfloat16 activations only")
-    if not ops.int4_gemv_supported():
-        raise NotApplicable("the int4 GEMV needs AVX512-BF16")
+    dtype = DTYPES[shapes.dtype]
+    if not ops.int4_gemv_supported(dtype):
+        raise NotApplicable(f"no int4 GEMV in {shapes.dtype} on this CPU (bfloat16 needs "
+                            "AVX512-BF16, float32 AVX2 and FMA)")
     group = INT4_GROUPS[shapes.quantization]
     gen = torch.Generator().manual_seed(29)
     worst = _Worst()
@@ -325,12 +325,12 @@ def probe_native_int4(shapes: ProbeShapes) -> ProbeReport:
             continue
         q = quantize_int4(_weight(n, k, torch.float32, gen), group, PAIRS)
         exact = q.dequantize(torch.float32).double()
-        w = torch.empty(q.shape[0], k, dtype=torch.bfloat16)
+        w = torch.empty(q.shape[0], k, dtype=dtype)
         ops.int4_dequantize(w, q.values, q.scales, q.mins)
         worst.add(w, exact)
         for rows in INT4_ROWS:
-            x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-            out = torch.empty(rows, q.shape[0], dtype=torch.bfloat16)
+            x = torch.randn(rows, k, generator=gen).to(dtype)
+            out = torch.empty(rows, q.shape[0], dtype=dtype)
             ops.int4_gemv(out, x, q.values, q.scales, q.mins)
             worst.add(out, x.double() @ exact.T)
     if not worst.cases:

@@ -1,4 +1,5 @@
-// int4_gemv: linears over 4-bit weights in groups along K (weight-only), bfloat16 activations.
+// int4_gemv: linears over 4-bit weights in groups along K (weight-only), bfloat16 activations
+// here (AVX512-BF16), float32 ones in quant_f32.h (AVX2 + FMA) over the same packed weight.
 //
 // w[n, k] = q[n, k] * scale[n, g] + min[n, g], q in 0..15, g = k / group. The integers are
 // packed at load two to a byte in gemv_packed's pair layout: [N / 16][K / 2][16] bytes, byte
@@ -11,19 +12,23 @@
 // reading half a byte per weight plus the group's 8 bytes of scale and min.
 //   int4_gemv(out [M, N] bf16, x [M, K] bf16, packed [N / 16, K / 2, 16] uint8,
 //             scales, mins [N / 16, K / group, 16] float32); any M, in passes of 8 rows.
-//   int4_dequantize(out [N, K] bf16, packed, scales, mins): the weight, for steps of many rows.
+//   int4_dequantize(out [N, K] bf16 or f32, packed, scales, mins): the weight, for steps of
+//             many rows.
 #pragma once
 
 #include "common.h"
+#include "quant_f32.h"
 
 namespace hermes_native {
 
 constexpr int64_t INT4_PASS_ROWS = 8;
 constexpr int64_t INT4_PREFETCH = 64;  // pair rows ahead (1 KB of each stream)
 
-inline bool int4_gemv_supported() {
+// bfloat16 activations on AVX512-BF16 (here), float32 on AVX2 + FMA (quant_f32.h)
+inline bool int4_gemv_supported(c10::ScalarType dtype) {
+  if (dtype == at::kFloat) return quant_f32_supported();
 #if defined(HERMES_PACKED)
-  return true;
+  return dtype == at::kBFloat16;
 #else
   return false;
 #endif
@@ -123,15 +128,22 @@ inline std::tuple<int64_t, int64_t, int64_t> int4_shape(const at::Tensor& packed
 
 inline void int4_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
                       const at::Tensor& scales, const at::Tensor& mins) {
-  TORCH_CHECK(int4_gemv_supported(), "int4_gemv needs a CPU with AVX512-BF16");
   const auto [n, k, gp] = int4_shape(packed, scales, mins);
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16 &&
-                  x.size(1) == k,
-              "x must be a contiguous bfloat16 [M, ", k, "]");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (dtype == at::kBFloat16 ||
+                  dtype == at::kFloat) && x.size(1) == k,
+              "x must be a contiguous bfloat16 or float32 [M, ", k, "]");
   const int64_t m = x.size(0);
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kBFloat16 && out.dim() == 2 &&
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == dtype && out.dim() == 2 &&
                   out.size(0) == m && out.size(1) == n,
-              "out must be a contiguous bfloat16 [", m, ", ", n, "]");
+              "out must be a contiguous [", m, ", ", n, "] of x's dtype");
+  TORCH_CHECK(int4_gemv_supported(dtype), "int4_gemv in ", dtype, " needs ",
+              dtype == at::kFloat ? "AVX2 and FMA" : "AVX512-BF16");
+  if (dtype == at::kFloat) {
+    quant_f32_gemv<true>(out, x, packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
+                         mins.data_ptr<float>(), n, k, gp);
+    return;
+  }
 #if defined(HERMES_PACKED)
   const int64_t k2 = k / 2, blocks = n / 16, groups = k2 / gp, group = 2 * gp;
   // each row's sums of x over each group (the mins' factor), float32
@@ -168,32 +180,42 @@ inline void int4_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& pac
 #endif
 }
 
-inline void int4_dequantize(at::Tensor out, const at::Tensor& packed, const at::Tensor& scales,
-                            const at::Tensor& mins) {
-  const auto [n, k, gp] = int4_shape(packed, scales, mins);
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kBFloat16 && out.dim() == 2 &&
-                  out.size(0) == n && out.size(1) == k,
-              "out must be a contiguous bfloat16 [", n, ", ", k, "]");
+// the weight row by row as q * scale + min, rounded to T
+template <typename T>
+void int4_dequantize_rows(T* op, const uint8_t* wp, const float* sp, const float* zp, int64_t n,
+                          int64_t k, int64_t gp) {
   const int64_t k2 = k / 2, groups = k2 / gp;
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* zp = mins.data_ptr<float>();
-  bf16* op = out.data_ptr<bf16>();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t nb = row / 16, lane = row % 16;
-      bf16* o = op + row * k;
+      T* o = op + row * k;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t at = (nb * groups + g) * 16 + lane;
         const float s = sp[at], z = zp[at];
         for (int64_t p = g * gp; p < (g + 1) * gp; ++p) {
           const uint8_t b = wp[(nb * k2 + p) * 16 + lane];
-          o[2 * p] = static_cast<bf16>(static_cast<float>(b & 15) * s + z);
-          o[2 * p + 1] = static_cast<bf16>(static_cast<float>(b >> 4) * s + z);
+          o[2 * p] = static_cast<T>(static_cast<float>(b & 15) * s + z);
+          o[2 * p + 1] = static_cast<T>(static_cast<float>(b >> 4) * s + z);
         }
       }
     }
   });
+}
+
+inline void int4_dequantize(at::Tensor out, const at::Tensor& packed, const at::Tensor& scales,
+                            const at::Tensor& mins) {
+  const auto [n, k, gp] = int4_shape(packed, scales, mins);
+  TORCH_CHECK(out.is_contiguous() && (out.scalar_type() == at::kBFloat16 ||
+                  out.scalar_type() == at::kFloat) && out.dim() == 2 &&
+                  out.size(0) == n && out.size(1) == k,
+              "out must be a contiguous bfloat16 or float32 [", n, ", ", k, "]");
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* zp = mins.data_ptr<float>();
+  if (out.scalar_type() == at::kFloat)
+    int4_dequantize_rows(out.data_ptr<float>(), wp, sp, zp, n, k, gp);
+  else
+    int4_dequantize_rows(out.data_ptr<bf16>(), wp, sp, zp, n, k, gp);
 }
 
 }  // namespace hermes_native

@@ -1,4 +1,5 @@
-// int8_gemv: linears over int8 weights (weight-only quantization), bfloat16 activations.
+// int8_gemv: linears over int8 weights (weight-only quantization), bfloat16 activations here
+// (AVX512-BF16), float32 ones in quant_f32.h (AVX2 + FMA) over the same packed weight.
 //
 // The weight's integers are packed at load in gemv_packed's pair layout, one byte each:
 // [N / 16][K / 2][16 outputs][2 k] int8, with float32 scales per output and group of K
@@ -14,10 +15,12 @@
 //             rows one block of 16 outputs at a time (the rows' accumulators fill the
 //             registers), so a 32-row decode step reads the int8 weight twice, bfloat16's
 //             bytes once.
-//   int8_dequantize(out [N, K] bf16, packed, scales): the weight, for steps of many rows.
+//   int8_dequantize(out [N, K] bf16 or f32, packed, scales): the weight, for steps of many
+//             rows (bfloat16 vectorized on AVX512-BF16; otherwise a plain loop).
 #pragma once
 
 #include "common.h"
+#include "quant_f32.h"
 
 namespace hermes_native {
 
@@ -25,9 +28,11 @@ constexpr int64_t INT8_PASS_ROWS = 24;          // rows per weight pass, one sca
 constexpr int64_t INT8_GROUPED_PASS_ROWS = 8;   // with scale groups (partial sums too)
 constexpr int64_t INT8_PREFETCH = 32;  // pair rows ahead (1 KB of each stream)
 
-inline bool int8_gemv_supported() {
+// bfloat16 activations on AVX512-BF16 (here), float32 on AVX2 + FMA (quant_f32.h)
+inline bool int8_gemv_supported(c10::ScalarType dtype) {
+  if (dtype == at::kFloat) return quant_f32_supported();
 #if defined(HERMES_PACKED)
-  return true;
+  return dtype == at::kBFloat16;
 #else
   return false;
 #endif
@@ -147,15 +152,22 @@ inline std::tuple<int64_t, int64_t, int64_t> int8_shape(const at::Tensor& packed
 
 inline void int8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
                       const at::Tensor& scales) {
-  TORCH_CHECK(int8_gemv_supported(), "int8_gemv needs a CPU with AVX512-BF16");
   const auto [n, k, gp] = int8_shape(packed, scales);
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16 &&
-                  x.size(1) == k,
-              "x must be a contiguous bfloat16 [M, ", k, "]");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (dtype == at::kBFloat16 ||
+                  dtype == at::kFloat) && x.size(1) == k,
+              "x must be a contiguous bfloat16 or float32 [M, ", k, "]");
   const int64_t m = x.size(0);
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kBFloat16 && out.dim() == 2 &&
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == dtype && out.dim() == 2 &&
                   out.size(0) == m && out.size(1) == n,
-              "out must be a contiguous bfloat16 [", m, ", ", n, "]");
+              "out must be a contiguous [", m, ", ", n, "] of x's dtype");
+  TORCH_CHECK(int8_gemv_supported(dtype), "int8_gemv in ", dtype, " needs ",
+              dtype == at::kFloat ? "AVX2 and FMA" : "AVX512-BF16");
+  if (dtype == at::kFloat) {
+    quant_f32_gemv<false>(out, x, reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>()),
+                          scales.data_ptr<float>(), nullptr, n, k, gp);
+    return;
+  }
 #if defined(HERMES_PACKED)
   const int64_t k2 = k / 2, blocks = n / 16;
   const bool grouped = gp != k2;
@@ -177,14 +189,40 @@ inline void int8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& pac
 #endif
 }
 
+// the weight row by row as q * scale, rounded to T (the scalar form of the vectorized loop)
+template <typename T>
+void int8_dequantize_rows(T* op, const int8_t* wp, const float* sp, int64_t n, int64_t k,
+                          int64_t gp) {
+  const int64_t k2 = k / 2, groups = k2 / gp;
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t nb = row / 16, lane = row % 16;
+      T* o = op + row * k;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float s = sp[(nb * groups + g) * 16 + lane];
+        for (int64_t p = g * gp; p < (g + 1) * gp; ++p) {
+          const int8_t* q = wp + ((nb * k2 + p) * 16 + lane) * 2;
+          o[2 * p] = static_cast<T>(q[0] * s);
+          o[2 * p + 1] = static_cast<T>(q[1] * s);
+        }
+      }
+    }
+  });
+}
+
 inline void int8_dequantize(at::Tensor out, const at::Tensor& packed, const at::Tensor& scales) {
   const auto [n, k, gp] = int8_shape(packed, scales);
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kBFloat16 && out.dim() == 2 &&
+  TORCH_CHECK(out.is_contiguous() && (out.scalar_type() == at::kBFloat16 ||
+                  out.scalar_type() == at::kFloat) && out.dim() == 2 &&
                   out.size(0) == n && out.size(1) == k,
-              "out must be a contiguous bfloat16 [", n, ", ", k, "]");
+              "out must be a contiguous bfloat16 or float32 [", n, ", ", k, "]");
   const int64_t k2 = k / 2, groups = k2 / gp;
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
+  if (out.scalar_type() == at::kFloat) {
+    int8_dequantize_rows(out.data_ptr<float>(), wp, sp, n, k, gp);
+    return;
+  }
   bf16* op = out.data_ptr<bf16>();
 #if defined(HERMES_PACKED)
   // a block of 16 outputs at a time: 16 pair rows (32 bytes each) widened, scaled and rounded
@@ -226,20 +264,7 @@ inline void int8_dequantize(at::Tensor out, const at::Tensor& packed, const at::
     }
   });
 #else
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t nb = row / 16, lane = row % 16;
-      bf16* o = op + row * k;
-      for (int64_t g = 0; g < groups; ++g) {
-        const float s = sp[(nb * groups + g) * 16 + lane];
-        for (int64_t p = g * gp; p < (g + 1) * gp; ++p) {
-          const int8_t* q = wp + ((nb * k2 + p) * 16 + lane) * 2;
-          o[2 * p] = static_cast<bf16>(q[0] * s);
-          o[2 * p + 1] = static_cast<bf16>(q[1] * s);
-        }
-      }
-    }
-  });
+  int8_dequantize_rows(op, wp, sp, n, k, gp);
 #endif
 }
 

@@ -279,10 +279,10 @@ TORCH_LIBRARY(hermes_native, m) {
   m.def("grouped_gemv(Tensor(a!) out, Tensor x, Tensor w, Tensor offsets) -> ()");
   m.def("pack_experts(Tensor w) -> Tensor", &pack_experts);
   m.def("grouped_gemv_packed(Tensor(a!) out, Tensor x, Tensor packed, Tensor offsets) -> ()");
-  m.def("int8_gemv_supported() -> bool", &int8_gemv_supported);
+  m.def("int8_gemv_supported(ScalarType dtype) -> bool", &int8_gemv_supported);
   m.def("int8_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales) -> ()");
   m.def("int8_dequantize(Tensor(a!) out, Tensor packed, Tensor scales) -> ()");
-  m.def("int4_gemv_supported() -> bool", &int4_gemv_supported);
+  m.def("int4_gemv_supported(ScalarType dtype) -> bool", &int4_gemv_supported);
   m.def("int4_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales, Tensor mins) -> ()");
   m.def("int4_dequantize(Tensor(a!) out, Tensor packed, Tensor scales, Tensor mins) -> ()");
 }

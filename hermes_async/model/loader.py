@@ -3,6 +3,11 @@
 Reads ``*.safetensors`` (single file or sharded with an index), casts to the requested dtype and
 fuses q/k/v and gate/up; the tensor names are the family's (``families/*.py``). A missing or
 corrupt file raises :class:`ModelLoadError` naming it.
+
+From a GGUF with ``quantization="gguf"`` the linears (and the LM head) are taken as their
+blocks' integers and scales (:meth:`~.gguf.tensors.GGUFTensors.quantized`) in place of float
+parameters, which are then never written (their pages never touched): no float copy of them
+exists at any point. The model's ``quant_report`` says what each became.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from safetensors import safe_open
 from hermes_async.model.dtype import resolve_dtype
 from hermes_async.model.gguf.file import GGUFFile
 from hermes_async.model.llama import LlamaModel
+from hermes_async.model.quant.apply import GGUF, QuantReport
+from hermes_async.model.quant.weights import ROWS, QuantizedWeight, concat_rows
 from hermes_async.model.spec import ModelLoadError, ModelSpec, read_spec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -63,11 +70,19 @@ def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return tensors
 
 
+class BlockSource(Protocol):
+    """A checkpoint's linears as integers and scales (a GGUF's view)."""
+
+    def quantized(self, name: str) -> tuple[QuantizedWeight, str] | None: ...
+
+
 def load_model(model_dir: str | Path, dtype: str = "float32",
-               device: torch.device | str = "cpu") -> LlamaModel:
+               device: torch.device | str = "cpu", quantization: str = "none") -> LlamaModel:
     """Build a :class:`LlamaModel` from ``model_dir`` with weights in ``dtype`` on ``device``.
 
     ``dtype="auto"`` picks the machine's dtype (:func:`hermes_async.model.dtype.resolve_dtype`).
+    ``quantization="gguf"`` keeps a GGUF's blocks (module docstring); the model's
+    ``quant_report`` is then a :class:`QuantReport` (None otherwise).
     """
     if dtype == "auto":
         dtype = resolve_dtype(dtype, torch.device(device))[0]
@@ -82,15 +97,21 @@ def load_model(model_dir: str | Path, dtype: str = "float32",
 
     gguf = gguf_file(path)
     if gguf is not None:
-        tensors, spec = _gguf_tensors(gguf, spec, dtype)
+        tensors, spec = _gguf_tensors(gguf, spec, dtype, quantization)
     else:
+        if quantization == GGUF:
+            raise ModelLoadError(f"quantization gguf keeps a GGUF file's blocks, and {path} is "
+                                 "a Hugging Face directory: serve its .gguf, or quantize with "
+                                 "int8 / int4")
         tensors = read_tensors(safetensors_files(path))
     model = LlamaModel(spec, DTYPES[dtype])
-    _assign(model, spec, tensors, path)
+    blocks = tensors if quantization == GGUF else None
+    model.quant_report = _assign(model, spec, tensors, path, blocks)
     return model.to(device)
 
 
-def _gguf_tensors(file: GGUFFile, spec: ModelSpec, dtype: str) -> tuple[TensorSource, ModelSpec]:
+def _gguf_tensors(file: GGUFFile, spec: ModelSpec, dtype: str,
+                  quantization: str) -> tuple[TensorSource, ModelSpec]:
     """The GGUF's tensors (dequantized once each, as they are loaded) and the spec with the
     file's RoPE frequency factors (``rope_freqs.weight``: Llama 3.x) applied."""
     from hermes_async.model.families import family_for
@@ -100,8 +121,13 @@ def _gguf_tensors(file: GGUFFile, spec: ModelSpec, dtype: str) -> tuple[TensorSo
     assert family is not None
     gguf_path = file.path
     types = ", ".join(f"{n} {t}" for t, n in sorted(file.type_counts().items()))
-    log.info("GGUF %s: %s tensors (%.1f MiB) dequantized to %s at load (no quantized "
-             "kernels yet)", gguf_path.name, types, file.nbytes() / 2**20, dtype)
+    if quantization == GGUF:
+        log.info("GGUF %s: %s tensors (%.1f MiB); the linears' blocks kept (quantization gguf)",
+                 gguf_path.name, types, file.nbytes() / 2**20)
+    else:
+        log.info("GGUF %s: %s tensors (%.1f MiB) dequantized to %s at load (--quantization "
+                 "gguf keeps the linears' blocks)", gguf_path.name, types, file.nbytes() / 2**20,
+                 dtype)
     if "rope_factors_long.weight" in file:
         raise ModelLoadError(f"{gguf_path}: longrope factors (rope_factors_long.weight) are not "
                              "read from GGUF files yet; serve the Hugging Face directory")
@@ -114,7 +140,10 @@ def _gguf_tensors(file: GGUFFile, spec: ModelSpec, dtype: str) -> tuple[TensorSo
     return GGUFTensors(file, family, spec.num_heads, spec.num_kv_heads), spec
 
 
-def _assign(model: LlamaModel, spec: ModelSpec, src: TensorSource, path: Path) -> None:
+def _assign(model: LlamaModel, spec: ModelSpec, src: TensorSource, path: Path,
+            blocks: BlockSource | None = None) -> QuantReport | None:
+    """Copy the checkpoint into ``model``; with ``blocks``, its linears as their integers
+    (the report of what each became)."""
     from hermes_async.model.families import family_for
 
     family = family_for(spec.architecture)
@@ -144,10 +173,47 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: TensorSource, path: Path) -
         if dst is not None and name is not None:  # (1 + w) folded once, in float32
             put(dst, take(name).float() + family.norm_weight_offset, name)
 
+    report = QuantReport(GGUF, ROWS) if blocks is not None else None
+
+    def put_blocks(owner: torch.nn.Module, attr: str, parts: list[str]) -> bool:
+        """``owner.attr`` as the blocks of ``parts`` (fused in order) if they are quantized."""
+        if blocks is None or report is None:
+            return False
+        for name in parts:
+            take(name)  # the same error as the float path for a missing tensor
+        found = [blocks.quantized(name) for name in parts]
+        if any(f is None for f in found):
+            return False
+        q, changed = concat_rows([f[0] for f in found])  # type: ignore[index]
+        label = parts[0] if len(parts) == 1 else f"{parts[0]} (+{len(parts) - 1} fused)"
+        dst = getattr(owner, attr)
+        if tuple(dst.shape) != q.shape:
+            raise ModelLoadError(f"weight {label!r} in {path} has shape {q.shape}, "
+                                 f"config.json implies {tuple(dst.shape)}")
+        report.add(dst, q, [f[1] for f in found], changed)  # type: ignore[index]
+        del owner._parameters[attr]
+        setattr(owner, attr, q)
+        return True
+
+    def put_linear(owner: torch.nn.Module, attr: str, parts: list[str], label: str) -> None:
+        if getattr(owner, attr) is None or put_blocks(owner, attr, parts):
+            return
+        put(getattr(owner, attr), torch.cat([take(n) for n in parts]) if len(parts) > 1
+            else take(parts[0]), label)
+
     put(model.embed, take(names.embed), names.embed)
     put_norm(model.final_norm, names.final_norm)
     if model.lm_head is not None:
-        put(model.lm_head, take(names.lm_head), names.lm_head)
+        if put_blocks(model, "lm_head", [names.lm_head]):
+            model.quantized_head, model.lm_head = model.lm_head, None  # type: ignore[assignment]
+        else:
+            put(model.lm_head, take(names.lm_head), names.lm_head)
+    elif blocks is not None:
+        found = blocks.quantized(names.embed)
+        if found is not None:  # the tied head's own quantized copy; the table stays float
+            assert report is not None
+            report.add(model.embed, found[0], [found[1]], 0)
+            model.quantized_head = found[0]
     for i, layer in enumerate(model.layers):
         p = names.layer.format(i=i)
         a = p + names.attention
@@ -158,30 +224,34 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: TensorSource, path: Path) -
                          (layer.q_norm, names.q_norm), (layer.k_norm, names.k_norm)):
             put_norm(dst, None if rel is None else p + rel)
         if names.fused_qkv is not None:
-            put_named(layer.qkv_weight, p + names.fused_qkv)
+            put_linear(layer, "qkv_weight", [p + names.fused_qkv], p + names.fused_qkv)
         else:
-            qkv = [take(a.format(name=n) + "weight") for n in "qkv"]
-            put(layer.qkv_weight, torch.cat(qkv), a.format(name="{q,k,v}") + "weight")
+            put_linear(layer, "qkv_weight", [a.format(name=n) + "weight" for n in "qkv"],
+                       a.format(name="{q,k,v}") + "weight")
         if layer.qkv_bias is not None:
             bias = [take(a.format(name=n) + "bias") for n in "qkv"]
             put(layer.qkv_bias, torch.cat(bias), a.format(name="{q,k,v}") + "bias")
-        put_named(layer.o_weight, a.format(name="o") + "weight")
+        o = a.format(name="o") + "weight"
+        put_linear(layer, "o_weight", [o], o)
         put_named(layer.o_bias, a.format(name="o") + "bias")
         if layer.router_weight is not None:
             _assign_experts(layer, spec, p, names, take, put)
             continue
         if names.fused_gate_up is not None:
-            put_named(layer.gate_up_weight, p + names.fused_gate_up)
+            fused = p + names.fused_gate_up
+            put_linear(layer, "gate_up_weight", [fused], fused)
         else:
-            gate_up = torch.cat([take(m.format(name="gate") + "weight"),
-                                 take(m.format(name="up") + "weight")])
-            put(layer.gate_up_weight, gate_up, m.format(name="{gate,up}") + "weight")
-        put_named(layer.down_weight, m.format(name="down") + "weight")
+            put_linear(layer, "gate_up_weight",
+                       [m.format(name=n) + "weight" for n in ("gate", "up")],
+                       m.format(name="{gate,up}") + "weight")
+        down = m.format(name="down") + "weight"
+        put_linear(layer, "down_weight", [down], down)
         if layer.gate_up_bias is not None:
             bias = torch.cat([take(m.format(name="gate") + "bias"),
                               take(m.format(name="up") + "bias")])
             put(layer.gate_up_bias, bias, m.format(name="{gate,up}") + "bias")
             put_named(layer.down_bias, m.format(name="down") + "bias")
+    return report
 
 
 def _assign_experts(layer: torch.nn.Module, spec: ModelSpec, prefix: str, names: object,

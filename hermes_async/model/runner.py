@@ -22,7 +22,7 @@ from hermes_async.model.host_memory import keep_freed_memory
 from hermes_async.model.kernels.paths import LAYER_OP
 from hermes_async.model.kv_pool import KVPool, plan_num_blocks
 from hermes_async.model.loader import DTYPES, load_model
-from hermes_async.model.quant.apply import quantize_model
+from hermes_async.model.quant.apply import GGUF, QuantReport, quantize_model, to_kernel_layout
 from hermes_async.model.quant.smooth import ActivationRecorder, calibration_sequences
 from hermes_async.model.quant.weights import PAIRS, ROWS, W8A8
 from hermes_async.model.slots import positions_and_slots
@@ -64,7 +64,8 @@ class ModelRunner:
         log.info("model dtype: %s", self.dtype_reason)
         self.dtype = DTYPES[self.dtype_name]
         self.model_dir = Path(model_dir)
-        self.model = load_model(self.model_dir, self.dtype_name, self.device)
+        self.model = load_model(self.model_dir, self.dtype_name, self.device,
+                                self.model_config.quantization)
         spec = self.spec = self.model.spec
         choice = select_for_config(self.model_config, self.cache_config, spec, self.dtype,
                                    self.device)
@@ -84,7 +85,10 @@ class ModelRunner:
         self.pool = KVPool(shape, self.device, self.attention.kv_layout)
         self.graphs = None  # (W8A8's calibration runs forwards before the graphs exist)
         self.quantization = None
-        if self.model_config.quantization != "none":
+        if self.model_config.quantization == GGUF:
+            self.quantization = self._blocks_to_kernels(choice.layer_op_parts)
+            log.info("quantization: %s", self.quantization.describe())
+        elif self.model_config.quantization != "none":
             layout = PAIRS if self._pairs_layout(choice.layer_op_parts) else ROWS
             maxima = self._calibrate() if self.model_config.quantization == W8A8 else None
             self.quantization = quantize_model(self.model, self.model_config.quantization,
@@ -133,6 +137,22 @@ class ModelRunner:
         log.info("W8A8 calibration: %d linears' input maxima in %.1f s", len(recorder.maxima),
                  time.perf_counter() - start)
         return recorder.maxima
+
+    def _blocks_to_kernels(self, parts: frozenset[str]) -> QuantReport:
+        """A GGUF's blocks (read by the loader in the rows layout) moved into the pairs layout
+        of the int8 / int4 kernels that were admitted; the loader's report, its layout set."""
+        from hermes_async.model.attention.native_cpu import NATIVE_INT4, NATIVE_INT8
+
+        report = self.model.quant_report
+        assert report is not None
+        kernels = {"int8": NATIVE_INT8, "int4": NATIVE_INT4}
+        schemes = frozenset(s for s, kernel in kernels.items()
+                            if kernel in parts and self.device.type == "cpu")
+        moved = to_kernel_layout(self.model, schemes)
+        if moved:
+            report.layout = (PAIRS if moved == report.quantized
+                             else f"{PAIRS} for {moved}, {ROWS} for the rest")
+        return report
 
     def _pairs_layout(self, parts: frozenset[str]) -> bool:
         """Whether the quantized weights go to our GEMV (``int8_gemv`` / ``int4_gemv``:

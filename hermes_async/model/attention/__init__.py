@@ -246,7 +246,8 @@ def select_for_config(model: ModelConfig, cache: CacheConfig, spec: ModelSpec,
                           probe=probe, quantization=model.quantization)
 
 
-NATIVE_SCHEMES = ("int8", "int4", "int4-g128")  # model.quantization run by our kernels
+# model.quantization run by our kernels (gguf: a GGUF's blocks as int8 and int4 weights)
+NATIVE_SCHEMES = ("int8", "int4", "int4-g128", "gguf")
 
 
 def auto_order(device: torch.device, dtype: torch.dtype,

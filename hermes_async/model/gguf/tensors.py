@@ -10,16 +10,24 @@ equals the Hugging Face checkpoint's:
   taken off again, the loader adding it back as for a Hugging Face checkpoint;
 * experts, stored merged per layer (``blk.N.ffn_gate_exps``: ``[E, I, hidden]``), are served
   one by one (``mlp.experts.J.gate_proj.weight``) from one dequantization per layer.
+
+:meth:`GGUFTensors.quantized` gives a linear's weight as its blocks' integers and scales
+instead (``model.quantization = "gguf"``: :mod:`.blocks`), the q/k permutation undone on them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
 
 from hermes_async.model.families.base import Family
+from hermes_async.model.gguf.blocks import EXACT, REQUANTIZED, decode_blocks, requantize
 from hermes_async.model.gguf.file import GGUFFile
+from hermes_async.model.quant.weights import QuantizedWeight
+
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
 _EXPERT = re.compile(
     r"^(?P<layer>.*\.layers\.\d+\.mlp\.experts)\.(?P<j>\d+)\.(?P<name>\w+)\.weight$")
@@ -67,15 +75,41 @@ class GGUFTensors:
         m = _EXPERT.match(hf_name)
         if m is not None:
             return self._expert(name, int(m["j"]))
-        w = self.file.dequantized(name)
+        w = self._unpermuted(name, self.file.dequantized(name))
+        if self.family.norm_weight_offset and name.endswith("norm.weight"):
+            w = w - self.family.norm_weight_offset
+        return w
+
+    def _unpermuted(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` (a tensor of ``name``'s rows, or of its integers or scales) with llama.cpp's
+        q/k permutation undone where the family's converter applied it."""
         layout = self.family.gguf
         assert layout is not None
         suffix = name.split(".", 2)[-1] if name.startswith("blk.") else name
         if layout.permute_qk and suffix in self._heads:
-            w = unpermute_rows(w, self._heads[suffix])
-        if self.family.norm_weight_offset and name.endswith("norm.weight"):
-            w = w - self.family.norm_weight_offset
-        return w
+            return unpermute_rows(rows, self._heads[suffix])
+        return rows
+
+    def quantized(self, hf_name: str) -> tuple[QuantizedWeight, str] | None:
+        """``hf_name``'s 2-D weight as integers and scales (rows layout) and what was done
+        (``"Q4_K -> int4"``): an exact form of its blocks (:data:`.blocks.EXACT`), or int8 from
+        its values for other block types; None for a float tensor (kept as such) or an
+        expert's."""
+        name = self.gguf_name(hf_name)
+        if name is None or name not in self.file:
+            raise KeyError(hf_name)
+        kind = self.file.type_name(name)
+        shape = self.file.shape(name)
+        if kind in FLOAT_TYPES or len(shape) != 2 or _EXPERT.match(hf_name):
+            return None
+        if kind not in EXACT:
+            q = requantize(self._unpermuted(name, self.file.dequantized(name)))
+            return q, f"{kind} -> {REQUANTIZED}"
+        q = decode_blocks(self.file.raw(name), kind, (shape[0], shape[1]))
+        q = dataclasses.replace(q, values=self._unpermuted(name, q.values),
+                                scales=self._unpermuted(name, q.scales),
+                                mins=None if q.mins is None else self._unpermuted(name, q.mins))
+        return q, f"{kind} -> {q.scheme}"
 
     def _expert(self, name: str, j: int) -> torch.Tensor:
         stack = self._merged.get(name)

@@ -21,7 +21,7 @@ import torch
 
 from hermes_async.model.spec import ModelLoadError
 
-QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K")
+QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K")
 _EXPERT = re.compile(r"^(.*\.layers\.(\d+)\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
 
 

@@ -257,6 +257,10 @@ def probe_native_moe(shapes: ProbeShapes) -> ProbeReport:
 
 INT8_ROWS = (1, 3, 8, 11, 24, 33)
 INT8_GROUPS = (None, 32)
+# a GGUF's int8 weights: Q8_0 / Q5_0 and requantized blocks in groups of 32, Q6_K of 16, per
+# row where K is no multiple of 32 (gguf.blocks)
+GGUF_INT8_GROUPS = (None, 32, 16)
+GGUF_INT4_GROUP = 32
 
 
 def probe_native_int8(shapes: ProbeShapes) -> ProbeReport:
@@ -267,8 +271,9 @@ def probe_native_int8(shapes: ProbeShapes) -> ProbeReport:
 
     native.load()
     ops = torch.ops.hermes_native
-    if shapes.quantization != "int8":
+    if shapes.quantization not in ("int8", "gguf"):
         raise NotApplicable("no int8 weights (model.quantization)")
+    groups = GGUF_INT8_GROUPS if shapes.quantization == "gguf" else INT8_GROUPS
     dtype = DTYPES[shapes.dtype]
     if not ops.int8_gemv_supported(dtype):
         raise NotApplicable(f"no int8 GEMV in {shapes.dtype} on this CPU (bfloat16 needs "
@@ -279,7 +284,7 @@ def probe_native_int8(shapes: ProbeShapes) -> ProbeReport:
         if n % 16 or k % 2:
             continue
         weight = _weight(n, k, torch.float32, gen)
-        for group in INT8_GROUPS:
+        for group in groups:
             if group is not None and k % group:
                 continue
             q = quantize_int8(weight, group, PAIRS)
@@ -296,7 +301,7 @@ def probe_native_int8(shapes: ProbeShapes) -> ProbeReport:
     if not worst.cases:
         raise NotApplicable("no linear shape the int8 GEMV takes (N % 16, K % 2)")
     return worst.report(shapes.dtype, f"rows {', '.join(map(str, INT8_ROWS))}, per channel "
-                                      "and groups of 32")
+                                      f"and groups of {' and '.join(map(str, groups[1:]))}")
 
 
 INT4_ROWS = (1, 3, 8, 11, 17)
@@ -311,13 +316,13 @@ def probe_native_int4(shapes: ProbeShapes) -> ProbeReport:
 
     native.load()
     ops = torch.ops.hermes_native
-    if shapes.quantization not in INT4_GROUPS:
+    if shapes.quantization not in (*INT4_GROUPS, "gguf"):
         raise NotApplicable("no int4 weights (model.quantization)")
     dtype = DTYPES[shapes.dtype]
     if not ops.int4_gemv_supported(dtype):
         raise NotApplicable(f"no int4 GEMV in {shapes.dtype} on this CPU (bfloat16 needs "
                             "AVX512-BF16, float32 AVX2 and FMA)")
-    group = INT4_GROUPS[shapes.quantization]
+    group = INT4_GROUPS.get(shapes.quantization, GGUF_INT4_GROUP)
     gen = torch.Generator().manual_seed(29)
     worst = _Worst()
     for n, k in shapes.linears:

@@ -8,10 +8,15 @@ A weight the chosen layout cannot hold (``pairs``: ``N % 16``; int4: ``K`` not a
 its group) keeps its float copy; the report says which. Schemes: ``int8`` (per output
 channel), ``int4`` (groups of 32 along K, asymmetric), ``int4-g128`` (groups of 128),
 ``w8a8`` (``int8``'s weights, the activations quantized per token too: :mod:`.w8a8`).
+
+``gguf`` is not quantized here: the loader reads a GGUF's blocks into int8 / int4 weights
+(rows layout, :mod:`hermes_async.model.gguf.blocks`) and :func:`to_kernel_layout` moves those
+the admitted kernels take into the pairs layout.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -24,8 +29,10 @@ from hermes_async.model.quant.weights import (
     QuantizedWeight,
     quantize_int4,
     quantize_int8,
+    to_pairs,
 )
 
+GGUF = "gguf"  # a GGUF's own blocks, read by the loader
 SCHEMES = ("none", "int8", "int4", "int4-g128", W8A8)
 INT4_GROUPS = {"int4": 32, "int4-g128": 128}
 LAYER_WEIGHTS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
@@ -43,19 +50,30 @@ class QuantReport:
     bytes_before: int = 0
     bytes_after: int = 0
     kept_float: list[str] = field(default_factory=list)
+    # gguf: tensors by what they became ("Q4_K -> int4"), and fused parts that became int8
+    sources: dict[str, int] = field(default_factory=dict)
+    fused_to_int8: int = 0
 
-    def add(self, weight: torch.Tensor, q: QuantizedWeight) -> None:
-        """Count ``weight``, quantized as ``q``."""
+    def add(self, weight: torch.Tensor, q: QuantizedWeight, sources: Sequence[str] = (),
+            fused_to_int8: int = 0) -> None:
+        """Count ``weight`` (its float size), quantized as ``q`` (from GGUF tensors:
+        ``sources`` say what each part became, ``fused_to_int8`` how many changed form)."""
         self.quantized += 1
         self.smoothed += q.input_scale is not None
         self.bytes_before += weight.numel() * weight.element_size()
         self.bytes_after += q.nbytes
+        for s in sources:
+            self.sources[s] = self.sources.get(s, 0) + 1
+        self.fused_to_int8 += fused_to_int8
 
     def describe(self) -> str:
         kept = f"; kept in float: {', '.join(self.kept_float)}" if self.kept_float else ""
         smoothed = f" ({self.smoothed} smoothed)" if self.smoothed else ""
+        sources = (f" [{', '.join(f'{n} {s}' for s, n in sorted(self.sources.items()))}"
+                   + (f"; {self.fused_to_int8} 4-bit parts of fused weights as int8"
+                      if self.fused_to_int8 else "") + "]") if self.sources else ""
         return (f"{self.scheme} weights ({self.layout} layout): {self.quantized} linears"
-                f"{smoothed}, "
+                f"{smoothed}{sources}, "
                 f"{self.bytes_before / 2**20:.0f} MiB -> {self.bytes_after / 2**20:.0f} MiB{kept}")
 
 
@@ -111,3 +129,26 @@ def quantize_model(model: torch.nn.Module, scheme: str, layout: str = ROWS,
             model.lm_head = None  # type: ignore[attr-defined]
         model.quantized_head = q  # type: ignore[attr-defined]
     return report
+
+
+def to_kernel_layout(model: torch.nn.Module, schemes: frozenset[str]) -> int:
+    """Move ``model``'s quantized weights (rows layout) of ``schemes`` (those whose kernels
+    were admitted) into the pairs layout where it holds them (``N % 16``, even groups); the
+    number moved. The rest stay in rows for the reference."""
+    moved = 0
+
+    def move(q: object) -> object:
+        nonlocal moved
+        if (not isinstance(q, QuantizedWeight) or q.layout != ROWS or q.scheme not in schemes
+                or q.shape[0] % 16 or q.group % 2 or q.shape[1] % 2):
+            return q
+        moved += 1
+        return to_pairs(q)
+
+    for layer in model.layers:  # type: ignore[attr-defined]
+        for name in LAYER_WEIGHTS:
+            if isinstance(getattr(layer, name, None), QuantizedWeight):
+                setattr(layer, name, move(getattr(layer, name)))
+    if model.quantized_head is not None:  # type: ignore[attr-defined]
+        model.quantized_head = move(model.quantized_head)  # type: ignore[attr-defined]
+    return moved

@@ -23,6 +23,7 @@ computed in float32, then rounded to the activations' dtype.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -110,12 +111,9 @@ def quantize_int8(weight: torch.Tensor, group: int | None = None,
     scales = w.abs().amax(dim=-1) / INT8_MAX
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))
     q = torch.clamp(torch.round(w / scales[..., None]), -INT8_MAX, INT8_MAX).to(torch.int8)
-    q = q.reshape(n, k)
-    if layout == ROWS:
-        return QuantizedWeight("int8", ROWS, (n, k), group, q.contiguous(), scales.contiguous())
-    values = q.view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
-    packed_scales = scales.view(n // 16, 16, k // group).permute(0, 2, 1).contiguous()
-    return QuantizedWeight("int8", PAIRS, (n, k), group, values, packed_scales)
+    q = QuantizedWeight("int8", ROWS, (n, k), group, q.reshape(n, k).contiguous(),
+                        scales.contiguous())
+    return q if layout == ROWS else to_pairs(q)
 
 
 def quantize_int4(weight: torch.Tensor, group: int = 32, layout: str = ROWS) -> QuantizedWeight:
@@ -127,14 +125,75 @@ def quantize_int4(weight: torch.Tensor, group: int = 32, layout: str = ROWS) -> 
     scales = (hi - lo) / INT4_MAX
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))
     q = torch.clamp(torch.round((w - lo[..., None]) / scales[..., None]), 0, INT4_MAX)
-    q = q.to(torch.uint8).reshape(n, k)
-    if layout == ROWS:
-        return QuantizedWeight("int4", ROWS, (n, k), group, q.contiguous(), scales.contiguous(),
-                               lo.contiguous())
-    pairs = q.view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3)
-    values = (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+    q = QuantizedWeight("int4", ROWS, (n, k), group, q.to(torch.uint8).reshape(n, k),
+                        scales.contiguous(), lo.contiguous())
+    return q if layout == ROWS else to_pairs(q)
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        return t.view(n // 16, 16, k // group).permute(0, 2, 1).contiguous()
 
-    return QuantizedWeight("int4", PAIRS, (n, k), group, values, pack(scales), pack(lo))
+def to_pairs(q: QuantizedWeight) -> QuantizedWeight:
+    """``q`` (rows layout) in the pairs layout (``N % 16 == 0``, an even group)."""
+    if q.layout == PAIRS:
+        return q
+    n, k = q.shape
+    if n % 16 or q.group % 2:
+        raise ValueError(f"the pairs layout needs N % 16 == 0 and an even group, not N = {n}, "
+                         f"group {q.group}")
+    pairs = q.values.view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3)
+    if q.scheme == "int4":
+        values = (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+    else:
+        values = pairs.contiguous()
+
+    def pack(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        return t.view(n // 16, 16, k // q.group).permute(0, 2, 1).contiguous()
+
+    return QuantizedWeight(q.scheme, PAIRS, q.shape, q.group, values, pack(q.scales),  # type: ignore[arg-type]
+                           pack(q.mins), input_scale=q.input_scale)
+
+
+def regroup(q: QuantizedWeight, group: int) -> QuantizedWeight:
+    """``q`` (rows layout) with ``group`` inputs per scale, ``group`` dividing ``q.group``:
+    each scale (and min) repeated, the same values exactly."""
+    if group == q.group:
+        return q
+    if q.group % group:
+        raise ValueError(f"group {group} does not divide {q.group}")
+
+    def spread(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.repeat_interleave(q.group // group, dim=1)
+
+    return QuantizedWeight(q.scheme, ROWS, q.shape, group, q.values, spread(q.scales),  # type: ignore[arg-type]
+                           spread(q.mins))
+
+
+def concat_rows(parts: list[QuantizedWeight]) -> tuple[QuantizedWeight, int]:
+    """One weight of ``parts`` (rows layout, the same K) stacked along N (a fused q/k/v or
+    gate/up), and how many parts changed form: all int4 (or all int8) keep their integers,
+    under the greatest common group; int4 beside int8 parts become int8 (quantized from their
+    values, within half an int8 step: int8 has no offsets)."""
+    scheme = "int8" if any(p.scheme == "int8" for p in parts) else "int4"
+    changed = 0
+    same = []
+    for p in parts:
+        if p.scheme != scheme:
+            group = p.group if scheme == "int4" else _common_group(
+                [x.group for x in parts if x.scheme == "int8"])
+            p = quantize_int8(p.dequantize(torch.float32), group)
+            changed += 1
+        same.append(p)
+    group = _common_group([p.group for p in same])
+    same = [regroup(p, group) for p in same]
+
+    def cat(name: str) -> torch.Tensor | None:
+        ts = [getattr(p, name) for p in same]
+        return None if ts[0] is None else torch.cat(ts)
+
+    n = sum(p.shape[0] for p in same)
+    return QuantizedWeight(scheme, ROWS, (n, same[0].shape[1]), group, cat("values"),  # type: ignore[arg-type]
+                           cat("scales"), cat("mins")), changed  # type: ignore[arg-type]
+
+
+def _common_group(groups: list[int]) -> int:
+    return math.gcd(*groups)

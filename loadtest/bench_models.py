@@ -102,8 +102,8 @@ def prepare(case: ModelCase, work: Path, q8: bool,
 def server_command(server: str, port: int, files: dict[str, Path], threads: int,
                    qtype: str, dtype: str = "bfloat16") -> tuple[list[str], dict[str, str]]:
     """``dtype``: hermes' (bfloat16, or float32 on CPUs without native bf16)."""
-    if server in ("hermes", "hermes-gguf"):
-        model = files["hf"] if server == "hermes" else files["BF16"]
+    if server in ("hermes", "hermes-gguf"):  # hermes-gguf: the GGUF of qtype (BF16, Q8_0...)
+        model = files["hf"] if server == "hermes" else files[qtype]
         return ([str(REPO / ".venv" / "bin" / "hermes-async"), "serve", "--dtype", dtype,
                  "--port", str(port), "--log-level", "warning", "--model", str(model)], {})
     if server == "vllm":

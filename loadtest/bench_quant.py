@@ -1,5 +1,6 @@
-"""Quantized weights side by side: hermes_async in bfloat16, int8, W8A8 and int4 beside
-llama.cpp on the same weights as Q8_0 and Q4_0 GGUF and vLLM's CPU build in bfloat16, one
+"""Quantized weights side by side: hermes_async in bfloat16, int8, W8A8 and int4 (and serving
+llama.cpp's own Q8_0 and Q4_0 files with ``--quantization gguf``) beside llama.cpp on the same
+weights as Q8_0 and Q4_0 GGUF and vLLM's CPU build in bfloat16, one
 server at a time, in one run (each server ``--starts`` times, interleaved; the best start's rates).
 
     loadtest/peers/install.sh vllm llamacpp          # once
@@ -49,6 +50,10 @@ MARK_START, MARK_END = "<!-- quant:start -->", "<!-- quant:end -->"
 # (label, server, GGUF type for llama.cpp / hermes quantization, bytes per weight vs bf16)
 RUNS = (("hermes bf16", "hermes", "none", 1.0), ("hermes int8", "hermes", "int8", 0.5),
         ("hermes w8a8", "hermes", "w8a8", 0.5), ("hermes int4", "hermes", "int4", 24 / 64),
+        # llama.cpp's own files served with --quantization gguf: Q8_0 as int8 in groups of 32
+        # (a float32 scale each: 36 bytes a block), Q4_0 as int4 (scale and min: 24 bytes)
+        ("hermes gguf Q8_0", "hermes", "gguf:Q8_0", 36 / 64),
+        ("hermes gguf Q4_0", "hermes", "gguf:Q4_0", 24 / 64),
         ("vllm bf16", "vllm", "BF16", 1.0), ("llamacpp Q8_0", "llamacpp", "Q8_0", 34 / 64),
         ("llamacpp Q4_0", "llamacpp", "Q4_0", 18 / 64))
 CONCURRENCY = (1, 8, 32)
@@ -102,6 +107,10 @@ async def measure(base: str, model: str, seed: int, decode_tokens: int) -> dict[
 
 def command(server: str, scheme: str, files: dict[str, Path], args: argparse.Namespace
             ) -> tuple[list[str], dict[str, str]]:
+    if server == "hermes" and scheme.startswith("gguf:"):  # llama.cpp's file, its blocks kept
+        cmd, env = server_command("hermes-gguf", args.port, files, args.threads,
+                                  scheme.removeprefix("gguf:"), args.dtype)
+        return [*cmd, "--quantization", "gguf"], env
     if server == "hermes":
         cmd, env = server_command("hermes", args.port, files, args.threads, "BF16", args.dtype)
         return ([*cmd, "--quantization", scheme] if scheme != "none" else cmd), env

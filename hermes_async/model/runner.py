@@ -149,6 +149,7 @@ class ModelRunner:
         schemes = frozenset(s for s, kernel in kernels.items()
                             if kernel in parts and self.device.type == "cpu")
         moved = to_kernel_layout(self.model, schemes)
+        report.bytes_after = sum(q.nbytes for q in self.model.quantized_weights())  # packed
         if moved:
             report.layout = (PAIRS if moved == report.quantized
                              else f"{PAIRS} for {moved}, {ROWS} for the rest")

@@ -190,6 +190,8 @@ def test_greedy_answers_equal_the_dequantized_files(served, arch, qtype, backend
     runner = _runner(path, backend, dtype, "gguf")
     assert runner.quantization is not None
     assert runner.quantization.layout == (PAIRS if backend == "native-cpu" else ROWS)
+    held = sum(q.nbytes for q in runner.model.quantized_weights())
+    assert runner.quantization.bytes_after == held
     if backend == "native-cpu":
         assert f"native-{scheme}" in runner.model.ops.name, runner.model.ops.name
     rng = random.Random(arch)

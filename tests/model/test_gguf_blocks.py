@@ -164,6 +164,38 @@ def test_other_block_types_become_int8_from_their_values(served):
         assert ((w.dequantize(torch.float32) - ref.data).abs() <= step / 2 + 1e-7).all(), name
 
 
+def test_a_mixed_file_fuses_its_4_bit_and_8_bit_parts_as_int8(tmp_path, tiny_tokenizer):
+    """As in llama.cpp's ``Q4_K_M``: q and k in Q4_K beside v in Q8_0 make one int8 q/k/v (v's
+    integers as they are, q's and k's within half an int8 step), down in Q5_1 int8 from its
+    values, the rest Q4_K as int4; the runner answers as the dequantized file."""
+    model_dir = make_tiny_model(tmp_path / "qwen3", "qwen3", gguf_layout=True, head_dim=64,
+                                sizes=SIZES)
+    path = write_gguf(model_dir, tmp_path / "mixed.gguf", "Q4_K", tokenizer_dir=tiny_tokenizer,
+                      pre="gpt2", types={"attn_v.weight": "Q8_0", "ffn_down.weight": "Q5_1"})
+    served_dir = prepare_gguf_dir(path, tmp_path / "home")
+    plain = load_model(served_dir, "float32")
+    model = load_model(served_dir, "float32", quantization="gguf")
+    report = model.quant_report
+    layers = len(model.layers)
+    # Q4_K: q, k, o, gate and up of each layer, and the head
+    assert report.sources == {"Q4_K -> int4": 5 * layers + 1, "Q8_0 -> int8": layers,
+                              f"Q5_1 -> {REQUANTIZED}": layers}, report.describe()
+    assert report.fused_to_int8 == 2 * layers
+    spec = model.spec
+    for layer, ref in zip(model.layers, plain.layers, strict=True):
+        qkv = layer.qkv_weight
+        assert (qkv.scheme, layer.gate_up_weight.scheme) == ("int8", "int4")
+        got, want = qkv.dequantize(torch.float32), ref.qkv_weight.data
+        v = spec.q_size + spec.kv_size
+        assert torch.equal(got[v:], want[v:])
+        step = qkv.rows()[1].repeat_interleave(qkv.group, dim=1)
+        assert ((got - want).abs() <= step / 2 + 1e-7).all()
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in (5, 17, 40)]
+    assert_same_greedy(_runner(served_dir, "torch", "float32", "gguf"),
+                       _runner(served_dir, "torch", "float32"), prompts)
+
+
 def test_a_hugging_face_directory_is_refused(tmp_path):
     model_dir = make_tiny_model(tmp_path / "llama", "llama")
     with pytest.raises(ModelLoadError, match="quantization gguf keeps a GGUF file's blocks"):

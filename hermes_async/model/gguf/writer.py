@@ -117,11 +117,14 @@ def _family_metadata(arch: str, cfg: Any, w: Any) -> None:
 
 
 def write_gguf(model_dir: str | Path, out: str | Path, qtype: str = "Q8_0",
-               tokenizer_dir: str | Path | None = None, pre: str = "smollm") -> Path:
+               tokenizer_dir: str | Path | None = None, pre: str = "smollm",
+               types: dict[str, str] | None = None) -> Path:
     """Write ``model_dir`` (a Hugging Face directory of a family with a GGUF layout) to
-    ``out`` with its matrices in ``qtype`` (norms, biases and 1-D tensors in float32). The
-    tokenizer comes from ``tokenizer_dir`` (default: ``model_dir``); ``pre`` names its
-    pre-tokenizer as llama.cpp does (``tokenizer.ggml.pre``)."""
+    ``out`` with its matrices in ``qtype`` (norms, biases and 1-D tensors in float32), or in
+    ``types[suffix]`` for the tensors whose GGUF name ends with a suffix given there (a mix as
+    llama.cpp's ``_M`` files have: ``{"attn_v.weight": "Q8_0"}``). The tokenizer comes from
+    ``tokenizer_dir`` (default: ``model_dir``); ``pre`` names its pre-tokenizer as llama.cpp
+    does (``tokenizer.ggml.pre``)."""
     import gguf
     from transformers import AutoConfig
 
@@ -129,8 +132,14 @@ def write_gguf(model_dir: str | Path, out: str | Path, qtype: str = "Q8_0",
     from hermes_async.model.families.llama import FAMILY as LLAMA
     from hermes_async.model.loader import read_tensors, safetensors_files
 
-    if qtype not in QUANT_TYPES:
-        raise ValueError(f"qtype {qtype!r}: one of {', '.join(QUANT_TYPES)}")
+    types = types or {}
+    for t in (qtype, *types.values()):
+        if t not in QUANT_TYPES:
+            raise ValueError(f"qtype {t!r}: one of {', '.join(QUANT_TYPES)}")
+
+    def type_of(name: str) -> str:
+        return next((t for suffix, t in types.items() if name.endswith(suffix)), qtype)
+
     model_dir, out = Path(model_dir), Path(out)
     cfg = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     family = family_for((cfg.architectures or [""])[0])
@@ -187,12 +196,12 @@ def write_gguf(model_dir: str | Path, out: str | Path, qtype: str = "Q8_0",
             x = _permute(x, cfg.num_attention_heads if short == "attn_q.weight" else kv_heads)
         if family.norm_weight_offset and name.endswith("norm.weight"):
             x = x + family.norm_weight_offset
-        data, raw = _encode(x, qtype)
+        data, raw = _encode(x, type_of(name))
         w.add_tensor(name, data, raw_dtype=raw)
     for (prefix, proj), stack in sorted(experts.items()):
         name = names.get_name(f"{prefix}.{proj}.weight", try_suffixes=(".weight",))
         x = torch.stack([stack[j] for j in sorted(stack)]).float().numpy()
-        data, raw = _encode(x, qtype)
+        data, raw = _encode(x, type_of(name))
         w.add_tensor(name, data, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()

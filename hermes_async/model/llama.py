@@ -69,8 +69,9 @@ class LlamaModel(nn.Module):
     def __init__(self, spec: ModelSpec, dtype: torch.dtype) -> None:
         super().__init__()
         self.spec = spec
-        self.embed = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype),
-                                  requires_grad=False)
+        # None where a GGUF's tied table is kept as its blocks (``quantized_head``)
+        self.embed: nn.Parameter | None = nn.Parameter(
+            torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype), requires_grad=False)
         self.layers = nn.ModuleList(DecoderLayer(spec, dtype, spec.is_moe(i))
                                     for i in range(spec.num_layers))
         self.final_norm = nn.Parameter(torch.empty(spec.hidden_size, dtype=dtype),
@@ -130,7 +131,11 @@ class LlamaModel(nn.Module):
         """Compute one packed step; return float32 logits ``[len(logits_indices), vocab]``."""
         spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         t = input_ids.shape[0]
-        residual = F.embedding(input_ids, self.embed)
+        if self.embed is None:  # a GGUF's tied table kept as its blocks (the LM head's)
+            assert self.quantized_head is not None
+            residual = self.quantized_head.dequantize_rows(input_ids, self.final_norm.dtype)
+        else:
+            residual = F.embedding(input_ids, self.embed)
         if spec.embedding_scale != 1.0:
             residual = residual * spec.embedding_scale
         scale = spec.scale
@@ -171,7 +176,9 @@ class LlamaModel(nn.Module):
         one)."""
         if self.quantized_head is not None:
             return self.quantized_head
-        return self.embed if self.lm_head is None else self.lm_head
+        head = self.embed if self.lm_head is None else self.lm_head
+        assert head is not None
+        return head
 
     def quantized_weights(self) -> list[QuantizedWeight]:
         """Every quantized weight the forward multiplies by (``model.quantization``)."""

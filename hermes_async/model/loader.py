@@ -201,19 +201,18 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: TensorSource, path: Path,
         put(getattr(owner, attr), torch.cat([take(n) for n in parts]) if len(parts) > 1
             else take(parts[0]), label)
 
-    put(model.embed, take(names.embed), names.embed)
     put_norm(model.final_norm, names.final_norm)
     if model.lm_head is not None:
+        put(model.embed, take(names.embed), names.embed)
         if put_blocks(model, "lm_head", [names.lm_head]):
             model.quantized_head, model.lm_head = model.lm_head, None  # type: ignore[assignment]
         else:
             put(model.lm_head, take(names.lm_head), names.lm_head)
-    elif blocks is not None:
-        found = blocks.quantized(names.embed)
-        if found is not None:  # the tied head's own quantized copy; the table stays float
-            assert report is not None
-            report.add(model.embed, found[0], [found[1]], 0)
-            model.quantized_head = found[0]
+    elif put_blocks(model, "embed", [names.embed]):
+        # tied: the LM head's blocks serve the embedding lookup too (dequantize_rows)
+        model.quantized_head, model.embed = model.embed, None  # type: ignore[assignment]
+    else:
+        put(model.embed, take(names.embed), names.embed)
     for i, layer in enumerate(model.layers):
         p = names.layer.format(i=i)
         a = p + names.attention

@@ -79,8 +79,12 @@ def test_pairs_regroup_and_fusing_keep_the_values():
     b = quantize_int4(torch.randn(16, 128, generator=gen), 32)
     c = quantize_int8(torch.randn(16, 128, generator=gen), 32)
     d = quantize_int8(torch.randn(32, 128, generator=gen), 16)
+    index = torch.tensor([0, 9, 5, 15, 9])
     for q in (a, c, d):
         assert torch.equal(to_pairs(q).dequantize(torch.float32), q.dequantize(torch.float32))
+        for layout in (q, to_pairs(q)):  # an embedding lookup in the table
+            assert torch.equal(layout.dequantize_rows(index, torch.bfloat16),
+                               q.dequantize(torch.bfloat16)[index])
         assert torch.equal(regroup(q, 8).dequantize(torch.float32), q.dequantize(torch.float32))
     with pytest.raises(ValueError, match="pairs layout"):
         to_pairs(quantize_int8(torch.randn(24, 128, generator=gen), 32))
@@ -149,6 +153,13 @@ def test_loaded_blocks_equal_the_dequantized_weights(served, arch, qtype):
         assert torch.equal(w.dequantize(torch.float32), ref.data), name
     params = {n for n, _ in model.named_parameters()}
     assert not any(n.endswith(LAYER_WEIGHTS) or n == "lm_head" for n in params), params
+    index = torch.tensor([3, 200, 3, 319])
+    if plain.lm_head is None:  # tied: the head's blocks are the embedding table too
+        assert model.embed is None and "embed" not in params
+        assert torch.equal(model.quantized_head.dequantize_rows(index, torch.float32),
+                           plain.embed.data[index])
+    else:
+        assert torch.equal(model.embed.data, plain.embed.data)
     assert report.quantized == len(_linears(model))
     assert report.bytes_after < report.bytes_before / 3
 
@@ -202,10 +213,11 @@ def test_a_hugging_face_directory_is_refused(tmp_path):
         load_model(model_dir, "float32", quantization="gguf")
 
 
-def _runner(path: Path, backend: str, dtype: str, quantization: str = "none") -> ModelRunner:
+def _runner(path: Path, backend: str, dtype: str, quantization: str = "none",
+            kv_bytes: int = 8 << 20) -> ModelRunner:
     return ModelRunner(path, ModelConfig(dtype=dtype, attention_backend=backend,
                                          quantization=quantization),
-                       CacheConfig(kv_cache_bytes=8 << 20))
+                       CacheConfig(kv_cache_bytes=kv_bytes))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -246,3 +258,20 @@ def test_probes_cover_the_groups_gguf_brings(served, dtype):
         assert report.ok, report
         if kernel == INT8:
             assert "groups of 32 and 16" in report.detail, report
+
+
+def test_the_default_model_keeps_its_wheels_blocks():
+    """The embedded model's GGUF (Q4_1 linears, a Q8_0 tied table) served with its blocks:
+    int4 and int8 weights, the table looked up in the head's blocks, the answers of the
+    dequantized file (the machine's dtype and backend, as a server runs it)."""
+    from hermes_async.model.default_model import prepare_default_model
+
+    path = prepare_default_model()
+    runner = _runner(path, "auto", "auto", "gguf", 64 << 20)
+    report = runner.quantization
+    assert report.sources == {"Q4_1 -> int4": 210, "Q8_0 -> int8": 1}, report.describe()
+    assert runner.model.embed is None
+    assert report.bytes_after < report.bytes_before / 4
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 40000) for _ in range(n)] for n in (6, 30)]
+    assert_same_greedy(runner, _runner(path, "auto", "auto", kv_bytes=64 << 20), prompts, steps=24)

@@ -78,7 +78,24 @@ class QuantizedWeight:
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight ``[N, K]`` as ``q * scale (+ min)`` (float32; times ``input_scale``
         column by column where smoothed), rounded to ``dtype``."""
-        q, scales, mins = self.rows()
+        return self._values(*self.rows(), dtype)
+
+    def dequantize_rows(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``index`` (``[R]`` int64) of :meth:`dequantize`'s weight, ``[R, K]``, the
+        others left alone: an embedding lookup in a quantized table."""
+        n, k = self.shape
+        if self.layout == ROWS:
+            mins = None if self.mins is None else self.mins[index]
+            return self._values(self.values[index], self.scales[index], mins, dtype)
+        block, lane = index // 16, index % 16  # pairs: 16 rows interleaved per block
+        v = self.values[block, :, lane]  # [R, K / 2] (int4 bytes) or [R, K / 2, 2]
+        if self.scheme == "int4":
+            v = torch.stack((v & 15, v >> 4), dim=-1)
+        mins = None if self.mins is None else self.mins[block, :, lane]
+        return self._values(v.reshape(-1, k), self.scales[block, :, lane], mins, dtype)
+
+    def _values(self, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                dtype: torch.dtype) -> torch.Tensor:
         w = q.float() * scales.repeat_interleave(self.group, dim=1)
         if mins is not None:
             w = w + mins.repeat_interleave(self.group, dim=1)

@@ -85,6 +85,8 @@ class LlamaModel(nn.Module):
         # the LM head quantized (model.quantization); the embedding table stays as it is
         self.quantized_head: QuantizedWeight | None = None
         self.quant_report: QuantReport | None = None  # the loader's, for GGUF blocks kept
+        # an untied token table kept as a GGUF's blocks (``embed`` is then None)
+        self.quantized_embed: QuantizedWeight | None = None
 
     def _qk_norms(self, layer: DecoderLayer, q: torch.Tensor,
                   k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,9 +133,10 @@ class LlamaModel(nn.Module):
         """Compute one packed step; return float32 logits ``[len(logits_indices), vocab]``."""
         spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         t = input_ids.shape[0]
-        if self.embed is None:  # a GGUF's tied table kept as its blocks (the LM head's)
-            assert self.quantized_head is not None
-            residual = self.quantized_head.dequantize_rows(input_ids, self.final_norm.dtype)
+        if self.embed is None:  # a GGUF's table kept as its blocks (tied: the LM head's)
+            table = self.quantized_embed or self.quantized_head
+            assert table is not None
+            residual = table.dequantize_rows(input_ids, self.final_norm.dtype)
         else:
             residual = F.embedding(input_ids, self.embed)
         if spec.embedding_scale != 1.0:

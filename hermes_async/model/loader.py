@@ -7,7 +7,9 @@ corrupt file raises :class:`ModelLoadError` naming it.
 From a GGUF with ``quantization="gguf"`` the linears (and the LM head) are taken as their
 blocks' integers and scales (:meth:`~.gguf.tensors.GGUFTensors.quantized`) in place of float
 parameters, which are then never written (their pages never touched): no float copy of them
-exists at any point. The model's ``quant_report`` says what each became.
+exists at any point; so is the token table (tied: the head's blocks; untied: its own
+``quantized_embed``), looked up row by row. The model's ``quant_report`` says what each
+became.
 """
 
 from __future__ import annotations
@@ -203,7 +205,10 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: TensorSource, path: Path,
 
     put_norm(model.final_norm, names.final_norm)
     if model.lm_head is not None:
-        put(model.embed, take(names.embed), names.embed)
+        if put_blocks(model, "embed", [names.embed]):  # looked up in its blocks
+            model.quantized_embed, model.embed = model.embed, None  # type: ignore[assignment]
+        else:
+            put(model.embed, take(names.embed), names.embed)
         if put_blocks(model, "lm_head", [names.lm_head]):
             model.quantized_head, model.lm_head = model.lm_head, None  # type: ignore[assignment]
         else:

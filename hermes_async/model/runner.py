@@ -149,9 +149,12 @@ class ModelRunner:
         schemes = frozenset(s for s, kernel in kernels.items()
                             if kernel in parts and self.device.type == "cpu")
         moved = to_kernel_layout(self.model, schemes)
-        report.bytes_after = sum(q.nbytes for q in self.model.quantized_weights())  # packed
+        table = self.model.quantized_embed  # packed bytes, the untied table's blocks too
+        report.bytes_after = (sum(q.nbytes for q in self.model.quantized_weights())
+                              + (table.nbytes if table is not None else 0))
+        linears = report.quantized - (table is not None)
         if moved:
-            report.layout = (PAIRS if moved == report.quantized
+            report.layout = (PAIRS if moved == linears
                              else f"{PAIRS} for {moved}, {ROWS} for the rest")
         return report
 

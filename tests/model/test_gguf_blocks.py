@@ -146,6 +146,7 @@ def test_loaded_blocks_equal_the_dequantized_weights(served, arch, qtype):
     model = load_model(path, "float32", quantization="gguf")
     report = model.quant_report
     assert report is not None and report.scheme == "gguf"
+    assert model.embed is None, "the token table stayed float"
     scheme = EXACT[qtype][0]
     assert set(report.sources) == {f"{qtype} -> {scheme}"}, report.describe()
     for (name, w), (_, ref) in zip(_linears(model), _linears(plain), strict=True):
@@ -158,9 +159,11 @@ def test_loaded_blocks_equal_the_dequantized_weights(served, arch, qtype):
         assert model.embed is None and "embed" not in params
         assert torch.equal(model.quantized_head.dequantize_rows(index, torch.float32),
                            plain.embed.data[index])
-    else:
-        assert torch.equal(model.embed.data, plain.embed.data)
-    assert report.quantized == len(_linears(model))
+    else:  # its own blocks
+        assert model.embed is None and "embed" not in params
+        assert torch.equal(model.quantized_embed.dequantize_rows(index, torch.float32),
+                           plain.embed.data[index])
+    assert report.quantized == len(_linears(model)) + (model.quantized_embed is not None)
     assert report.bytes_after < report.bytes_before / 3
 
 
@@ -188,8 +191,9 @@ def test_a_mixed_file_fuses_its_4_bit_and_8_bit_parts_as_int8(tmp_path, tiny_tok
     model = load_model(served_dir, "float32", quantization="gguf")
     report = model.quant_report
     layers = len(model.layers)
-    # Q4_K: q, k, o, gate and up of each layer, and the head
-    assert report.sources == {"Q4_K -> int4": 5 * layers + 1, "Q8_0 -> int8": layers,
+    # Q4_K: q, k, o, gate and up of each layer, the head, and an untied token table
+    tables = 1 + (model.quantized_embed is not None)
+    assert report.sources == {"Q4_K -> int4": 5 * layers + tables, "Q8_0 -> int8": layers,
                               f"Q5_1 -> {REQUANTIZED}": layers}, report.describe()
     assert report.fused_to_int8 == 2 * layers
     spec = model.spec
@@ -234,7 +238,9 @@ def test_greedy_answers_equal_the_dequantized_files(served, arch, qtype, backend
     runner = _runner(path, backend, dtype, "gguf")
     assert runner.quantization is not None
     assert runner.quantization.layout == (PAIRS if backend == "native-cpu" else ROWS)
-    held = sum(q.nbytes for q in runner.model.quantized_weights())
+    table = runner.model.quantized_embed
+    held = sum(q.nbytes for q in runner.model.quantized_weights()) + (table.nbytes if table
+                                                                        else 0)
     assert runner.quantization.bytes_after == held
     if backend == "native-cpu":
         assert f"native-{scheme}" in runner.model.ops.name, runner.model.ops.name

@@ -133,8 +133,9 @@ def quantize_model(model: torch.nn.Module, scheme: str, layout: str = ROWS,
 
 def to_kernel_layout(model: torch.nn.Module, schemes: frozenset[str]) -> int:
     """Move ``model``'s quantized weights (rows layout) of ``schemes`` (those whose kernels
-    were admitted) into the pairs layout where it holds them (``N % 16``, even groups); the
-    number moved. The rest stay in rows for the reference."""
+    were admitted) into the pairs layout where it holds them (``N % 16``, even groups), and an
+    untied token table kept as blocks whatever the kernels (its lookup is plain torch); the
+    number of linears moved. The rest stay in rows for the reference."""
     moved = 0
 
     def move(q: object) -> object:
@@ -151,4 +152,8 @@ def to_kernel_layout(model: torch.nn.Module, schemes: frozenset[str]) -> int:
                 setattr(layer, name, move(getattr(layer, name)))
     if model.quantized_head is not None:  # type: ignore[attr-defined]
         model.quantized_head = move(model.quantized_head)  # type: ignore[attr-defined]
+    table = model.quantized_embed  # type: ignore[attr-defined]
+    if (table is not None and table.layout == ROWS and not table.shape[0] % 16
+            and not table.group % 2 and not table.shape[1] % 2):
+        model.quantized_embed = to_pairs(table)  # looked up in torch: half the bytes of int4
     return moved

@@ -152,9 +152,12 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: TensorSource, path: Path,
     assert family is not None  # read_spec found it
     names = family.names
 
-    def take(name: str) -> torch.Tensor:
+    def require(name: str) -> None:
         if name not in src:
             raise ModelLoadError(f"weight {name!r} missing from the checkpoint in {path}")
+
+    def take(name: str) -> torch.Tensor:
+        require(name)
         return src[name]
 
     def put(dst: torch.nn.Parameter | None, value: torch.Tensor, name: str) -> None:
@@ -181,8 +184,8 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: TensorSource, path: Path,
         """``owner.attr`` as the blocks of ``parts`` (fused in order) if they are quantized."""
         if blocks is None or report is None:
             return False
-        for name in parts:
-            take(name)  # the same error as the float path for a missing tensor
+        for name in parts:  # the float path's error for a missing tensor, nothing read
+            require(name)
         found = [blocks.quantized(name) for name in parts]
         if any(f is None for f in found):
             return False
@@ -204,20 +207,19 @@ def _assign(model: LlamaModel, spec: ModelSpec, src: TensorSource, path: Path,
             else take(parts[0]), label)
 
     put_norm(model.final_norm, names.final_norm)
-    if model.lm_head is not None:
-        if put_blocks(model, "embed", [names.embed]):  # looked up in its blocks
-            model.quantized_embed, model.embed = model.embed, None  # type: ignore[assignment]
+    if put_blocks(model, "embed", [names.embed]):  # looked up in its blocks (dequantize_rows)
+        table, model.embed = model.embed, None
+        if model.lm_head is None:  # tied: the same blocks are the LM head
+            model.quantized_head = table  # type: ignore[assignment]
         else:
-            put(model.embed, take(names.embed), names.embed)
+            model.quantized_embed = table  # type: ignore[assignment]
+    else:
+        put(model.embed, take(names.embed), names.embed)
+    if model.lm_head is not None:
         if put_blocks(model, "lm_head", [names.lm_head]):
             model.quantized_head, model.lm_head = model.lm_head, None  # type: ignore[assignment]
         else:
             put(model.lm_head, take(names.lm_head), names.lm_head)
-    elif put_blocks(model, "embed", [names.embed]):
-        # tied: the LM head's blocks serve the embedding lookup too (dequantize_rows)
-        model.quantized_head, model.embed = model.embed, None  # type: ignore[assignment]
-    else:
-        put(model.embed, take(names.embed), names.embed)
     for i, layer in enumerate(model.layers):
         p = names.layer.format(i=i)
         a = p + names.attention

@@ -152,9 +152,8 @@ class ModelRunner:
         table = self.model.quantized_embed  # packed bytes, the untied table's blocks too
         report.bytes_after = (sum(q.nbytes for q in self.model.quantized_weights())
                               + (table.nbytes if table is not None else 0))
-        linears = report.quantized - (table is not None)
         if moved:
-            report.layout = (PAIRS if moved == linears
+            report.layout = (PAIRS if moved == report.quantized
                              else f"{PAIRS} for {moved}, {ROWS} for the rest")
         return report
 

@@ -133,15 +133,15 @@ def quantize_model(model: torch.nn.Module, scheme: str, layout: str = ROWS,
 
 def to_kernel_layout(model: torch.nn.Module, schemes: frozenset[str]) -> int:
     """Move ``model``'s quantized weights (rows layout) of ``schemes`` (those whose kernels
-    were admitted) into the pairs layout where it holds them (``N % 16``, even groups), and an
-    untied token table kept as blocks whatever the kernels (its lookup is plain torch); the
-    number of linears moved. The rest stay in rows for the reference."""
+    were admitted) into the pairs layout where it holds them (``N % 16``, even groups): the
+    linears, the LM head and an untied token table kept as blocks; the number moved. The rest
+    stay in rows for the reference."""
     moved = 0
 
     def move(q: object) -> object:
         nonlocal moved
         if (not isinstance(q, QuantizedWeight) or q.layout != ROWS or q.scheme not in schemes
-                or q.shape[0] % 16 or q.group % 2 or q.shape[1] % 2):
+                or not q.fits_pairs):
             return q
         moved += 1
         return to_pairs(q)
@@ -150,10 +150,6 @@ def to_kernel_layout(model: torch.nn.Module, schemes: frozenset[str]) -> int:
         for name in LAYER_WEIGHTS:
             if isinstance(getattr(layer, name, None), QuantizedWeight):
                 setattr(layer, name, move(getattr(layer, name)))
-    if model.quantized_head is not None:  # type: ignore[attr-defined]
-        model.quantized_head = move(model.quantized_head)  # type: ignore[attr-defined]
-    table = model.quantized_embed  # type: ignore[attr-defined]
-    if (table is not None and table.layout == ROWS and not table.shape[0] % 16
-            and not table.group % 2 and not table.shape[1] % 2):
-        model.quantized_embed = to_pairs(table)  # looked up in torch: half the bytes of int4
+    for name in ("quantized_head", "quantized_embed"):
+        setattr(model, name, move(getattr(model, name)))
     return moved

@@ -53,6 +53,11 @@ class QuantizedWeight:
     input_scale: torch.Tensor | None = None
 
     @property
+    def fits_pairs(self) -> bool:
+        """Whether the pairs layout holds this weight (``N % 16 == 0``, even K and group)."""
+        return not (self.shape[0] % 16 or self.shape[1] % 2 or self.group % 2)
+
+    @property
     def nbytes(self) -> int:
         """Bytes held: integers, scales and mins."""
         return sum(t.numel() * t.element_size() for t in (self.values, self.scales, self.mins)
@@ -152,7 +157,7 @@ def to_pairs(q: QuantizedWeight) -> QuantizedWeight:
     if q.layout == PAIRS:
         return q
     n, k = q.shape
-    if n % 16 or q.group % 2:
+    if not q.fits_pairs:
         raise ValueError(f"the pairs layout needs N % 16 == 0 and an even group, not N = {n}, "
                          f"group {q.group}")
     pairs = q.values.view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3)
@@ -195,12 +200,12 @@ def concat_rows(parts: list[QuantizedWeight]) -> tuple[QuantizedWeight, int]:
     same = []
     for p in parts:
         if p.scheme != scheme:
-            group = p.group if scheme == "int4" else _common_group(
-                [x.group for x in parts if x.scheme == "int8"])
+            group = p.group if scheme == "int4" else math.gcd(
+                *[x.group for x in parts if x.scheme == "int8"])
             p = quantize_int8(p.dequantize(torch.float32), group)
             changed += 1
         same.append(p)
-    group = _common_group([p.group for p in same])
+    group = math.gcd(*[p.group for p in same])
     same = [regroup(p, group) for p in same]
 
     def cat(name: str) -> torch.Tensor | None:
@@ -210,7 +215,3 @@ def concat_rows(parts: list[QuantizedWeight]) -> tuple[QuantizedWeight, int]:
     n = sum(p.shape[0] for p in same)
     return QuantizedWeight(scheme, ROWS, (n, same[0].shape[1]), group, cat("values"),  # type: ignore[arg-type]
                            cat("scales"), cat("mins")), changed  # type: ignore[arg-type]
-
-
-def _common_group(groups: list[int]) -> int:
-    return math.gcd(*groups)

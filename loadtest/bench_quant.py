@@ -54,6 +54,9 @@ RUNS = (("hermes bf16", "hermes", "none", 1.0), ("hermes int8", "hermes", "int8"
         # (a float32 scale each: 36 bytes a block), Q4_0 as int4 (scale and min: 24 bytes)
         ("hermes gguf Q8_0", "hermes", "gguf:Q8_0", 36 / 64),
         ("hermes gguf Q4_0", "hermes", "gguf:Q4_0", 24 / 64),
+        # "+a8": --activations int8 (int4 weights times int8 activations in blocks of 32)
+        ("hermes int4 a8", "hermes", "int4+a8", 24 / 64),
+        ("hermes gguf Q4_0 a8", "hermes", "gguf:Q4_0+a8", 24 / 64),
         ("vllm bf16", "vllm", "BF16", 1.0), ("llamacpp Q8_0", "llamacpp", "Q8_0", 34 / 64),
         ("llamacpp Q4_0", "llamacpp", "Q4_0", 18 / 64))
 CONCURRENCY = (1, 8, 32)
@@ -107,13 +110,15 @@ async def measure(base: str, model: str, seed: int, decode_tokens: int) -> dict[
 
 def command(server: str, scheme: str, files: dict[str, Path], args: argparse.Namespace
             ) -> tuple[list[str], dict[str, str]]:
+    scheme, a8, _ = scheme.partition("+a8")
+    extra = ["--activations", "int8"] if a8 else []
     if server == "hermes" and scheme.startswith("gguf:"):  # llama.cpp's file, its blocks kept
         cmd, env = server_command("hermes-gguf", args.port, files, args.threads,
                                   scheme.removeprefix("gguf:"), args.dtype)
-        return [*cmd, "--quantization", "gguf"], env
+        return [*cmd, "--quantization", "gguf", *extra], env
     if server == "hermes":
         cmd, env = server_command("hermes", args.port, files, args.threads, "BF16", args.dtype)
-        return ([*cmd, "--quantization", scheme] if scheme != "none" else cmd), env
+        return ([*cmd, "--quantization", scheme, *extra] if scheme != "none" else cmd), env
     return server_command(server, args.port, files, args.threads, scheme)
 
 

@@ -36,6 +36,9 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--quantization", default=None, choices=config_mod.QUANTIZATIONS,
                        help="the linears' weights: none (as loaded), int8, int4 or int4-g128 "
                             "(model.quantization)")
+    serve.add_argument("--activations", default=None, choices=config_mod.ACTIVATIONS,
+                       help="int8: int4 linears' decode inputs quantized to int8 in blocks of "
+                            "32 (W4A8, llama.cpp's Q4 arithmetic; model.activations)")
     serve.add_argument("--api-key", default=None, help="require this key (tenant 'default')")
     serve.add_argument("--replicas", type=int, default=None,
                        help="N >= 2 engine replicas behind one endpoint on Ray Serve (the "
@@ -61,6 +64,8 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
         model["dtype"] = args.dtype
     if getattr(args, "quantization", None):
         model["quantization"] = args.quantization
+    if getattr(args, "activations", None):
+        model["activations"] = args.activations
     server: dict[str, Any] = {}
     if args.host is not None:
         server["host"] = args.host

@@ -72,7 +72,7 @@ class ModelRunner:
         self.attention, self.attention_reason = choice.backend, choice.reason
         self.block_size = choice.block_size
         self.kernel_verdicts = choice.verdicts
-        self.layer_op_parts = choice.layer_op_parts
+        self.layer_op_parts = self._wanted_parts(choice.layer_op_parts)
         log.info("attention backend: %s", self.attention_reason)
         self.max_model_len = min(self.model_config.max_model_len or spec.max_position_embeddings,
                                  spec.max_position_embeddings)
@@ -86,19 +86,19 @@ class ModelRunner:
         self.graphs = None  # (W8A8's calibration runs forwards before the graphs exist)
         self.quantization = None
         if self.model_config.quantization == GGUF:
-            self.quantization = self._blocks_to_kernels(choice.layer_op_parts)
+            self.quantization = self._blocks_to_kernels(self.layer_op_parts)
             log.info("quantization: %s", self.quantization.describe())
         elif self.model_config.quantization != "none":
-            layout = PAIRS if self._pairs_layout(choice.layer_op_parts) else ROWS
+            layout = PAIRS if self._pairs_layout(self.layer_op_parts) else ROWS
             maxima = self._calibrate() if self.model_config.quantization == W8A8 else None
             self.quantization = quantize_model(self.model, self.model_config.quantization,
                                                layout, maxima)
             log.info("quantization: %s", self.quantization.describe())
-        prepared = self.attention.prepare_weights(self.model, self.dtype, choice.layer_op_parts)
+        prepared = self.attention.prepare_weights(self.model, self.dtype, self.layer_op_parts)
         if prepared:
             log.info("weights: %s", prepared)
         self.model.ops = self.attention.layer_ops(spec, self.dtype, self.model.matmul_weights(),
-                                                  choice.layer_op_parts)
+                                                  self.layer_op_parts)
         refused = [f"{v.name} ({v.reason})" for v in choice.verdicts
                    if v.kind == LAYER_OP and not v.ok]
         log.info("layer ops: %s%s", self.model.ops.name,
@@ -110,6 +110,19 @@ class ModelRunner:
             from hermes_async.model.cuda_graphs import maybe_capture
 
             self.graphs = maybe_capture(self)
+
+    def _wanted_parts(self, parts: frozenset[str]) -> frozenset[str]:
+        """The admitted layer ops the config asks for: W4A8 only with ``activations = int8``
+        (logged where asked and not admitted)."""
+        from hermes_async.model.attention.native_cpu import NATIVE_INT4_A8
+
+        if self.model_config.activations != "int8":
+            return parts - {NATIVE_INT4_A8}
+        if NATIVE_INT4_A8 not in parts:
+            why = [v.reason for v in self.kernel_verdicts if v.name == NATIVE_INT4_A8]
+            log.warning("activations = int8: no W4A8 kernel here (%s); the activations stay "
+                        "float", why[0] if why else f"{self.attention.name} has none")
+        return parts
 
     def _calibrate(self) -> dict[int, torch.Tensor]:
         """Each float linear's input channel maxima over the calibration sequences

@@ -47,6 +47,7 @@ from hermes_async.model.layer_ops import (
     prepare_onednn_w8a8,
 )
 from hermes_async.model.packed import PackedExperts
+from hermes_async.model.quant.a8 import BLOCK as A8_BLOCK
 from hermes_async.model.quant.weights import PAIRS, W8A8, QuantizedWeight
 from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
@@ -88,6 +89,7 @@ NATIVE_SILU = "native-silu"
 NATIVE_MOE = "native-moe"
 NATIVE_INT8 = "native-int8"
 NATIVE_INT4 = "native-int4"
+NATIVE_INT4_A8 = "native-int4-a8"  # int4 x int8 activations (model.activations = "int8")
 # int8_gemv reads the weight once per 24 rows; past this many rows (prefills) a step
 # dequantizes each weight to bfloat16 and multiplies (compute-bound, the conversion a small part)
 INT8_GEMV_MAX_ROWS = 64
@@ -133,6 +135,7 @@ class NativeOps:
     _native_moe: bool
     _native_int8: bool
     _native_int4: bool
+    _native_int4_a8: bool
     _quantized_dtype: torch.dtype  # the activations' dtype int8_gemv / int4_gemv take
     _scratch: torch.Tensor | None  # the dequantized weight of a many-row quantized linear
     int8_gemv_max_rows: int
@@ -141,13 +144,15 @@ class NativeOps:
 
     def _use_native(self, dtype: torch.dtype, weights: list[torch.Tensor], *, gemv: bool,
                     silu: bool, moe: bool = False, int8: bool = False,
-                    int4: bool = False) -> None:
+                    int4: bool = False, int4_a8: bool = False) -> None:
         ops = torch.ops.hermes_native
         self._gemv = {}
         self._native_silu = silu
         self._native_moe = moe and ops.grouped_gemv_supported()
         self._native_int8 = int8 and ops.int8_gemv_supported(dtype)
         self._native_int4 = int4 and ops.int4_gemv_supported(dtype)
+        self._native_int4_a8 = (int4_a8 and self._native_int4 and dtype == torch.float32
+                                and ops.int4_a8_supported())
         self._quantized_dtype = dtype
         self.int8_gemv_max_rows, self.int4_gemv_max_rows = quantized_gemv_max_rows(
             cpu_features.current(), dtype)
@@ -160,7 +165,8 @@ class NativeOps:
         mine = tuple(n for n, on in ((NATIVE_GEMV, bool(self._gemv)), (NATIVE_SILU, silu),
                                      (NATIVE_MOE, self._native_moe),
                                      (NATIVE_INT8, self._native_int8),
-                                     (NATIVE_INT4, self._native_int4)) if on)
+                                     (NATIVE_INT4, self._native_int4),
+                                     (NATIVE_INT4_A8, self._native_int4_a8)) if on)
         self.parts = mine + self.parts
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight,
@@ -179,8 +185,9 @@ class NativeOps:
     def quantized_linear(self, x: torch.Tensor, weight: QuantizedWeight,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
         """Weights in the pairs layout through ``int8_gemv`` / ``int4_gemv`` (up to
-        ``int8_gemv_max_rows`` / ``int4_gemv_max_rows`` rows: :func:`quantized_gemv_max_rows`)
-        or dequantized by their
+        ``int8_gemv_max_rows`` / ``int4_gemv_max_rows`` rows: :func:`quantized_gemv_max_rows`;
+        int4 through ``int4_a8_gemv`` where ``native-int4-a8`` is admitted and asked for:
+        :mod:`~hermes_async.model.quant.a8`) or dequantized by their
         ``*_dequantize`` for a bfloat16 matmul (more rows); anything else the reference."""
         if weight.scheme == W8A8:  # vLLM's oneDNN kernel where prepared (or the reference)
             return super().quantized_linear(x, weight, bias)  # type: ignore[misc]
@@ -198,8 +205,11 @@ class NativeOps:
             (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
             return F.linear(x, w, bias)
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
-        (ops.int4_gemv if int4 else ops.int8_gemv)(out.view(rows, n),
-                                                   x.reshape(rows, k).contiguous(), *tensors)
+        gemv = ops.int8_gemv
+        if int4:  # W4A8 where asked and admitted (K and the group in whole blocks of 32)
+            a8 = self._native_int4_a8 and k % A8_BLOCK == 0 and weight.group % A8_BLOCK == 0
+            gemv = ops.int4_a8_gemv if a8 else ops.int4_gemv
+        gemv(out.view(rows, n), x.reshape(rows, k).contiguous(), *tensors)
         return out if bias is None else out + bias
 
     def _dequantized(self, n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -243,7 +253,7 @@ class NativeVllmLayerOps(NativeOps, VllmCpuLayerOps):
                          fused=VLLM_FUSED_OPS in parts, w8a8=ONEDNN_W8A8 in parts)
         self._use_native(dtype, weights, gemv=NATIVE_GEMV in parts, silu=NATIVE_SILU in parts,
                          moe=NATIVE_MOE in parts, int8=NATIVE_INT8 in parts,
-                         int4=NATIVE_INT4 in parts)
+                         int4=NATIVE_INT4 in parts, int4_a8=NATIVE_INT4_A8 in parts)
 
 
 class NativeTorchLayerOps(NativeOps, TorchLayerOps):
@@ -257,7 +267,7 @@ class NativeTorchLayerOps(NativeOps, TorchLayerOps):
         super().__init__(spec)
         self._use_native(dtype, weights, gemv=NATIVE_GEMV in parts, silu=NATIVE_SILU in parts,
                          moe=NATIVE_MOE in parts, int8=NATIVE_INT8 in parts,
-                         int4=NATIVE_INT4 in parts)
+                         int4=NATIVE_INT4 in parts, int4_a8=NATIVE_INT4_A8 in parts)
 
 
 class NativeCpuBackend(AttentionBackend):
@@ -304,6 +314,8 @@ class NativeCpuBackend(AttentionBackend):
                 KernelPath(NATIVE_INT8, LAYER_OP, f"{PROBE_OPS}:probe_native_int8",
                            libraries=library),
                 KernelPath(NATIVE_INT4, LAYER_OP, f"{PROBE_OPS}:probe_native_int4",
+                           libraries=library),
+                KernelPath(NATIVE_INT4_A8, LAYER_OP, f"{PROBE_OPS}:probe_native_int4_a8",
                            libraries=library),
                 KernelPath(NATIVE_SILU, LAYER_OP, f"{PROBE_OPS}:probe_native_silu",
                            libraries=library),

@@ -8,8 +8,9 @@ RMSNorm, neox rotary, SiLU-and-multiply), ``native-gemv`` (our bfloat16 GEMV ove
 weights, 1-8 rows), ``native-moe`` (our grouped GEMV over the experts' stacked weights, both
 projections, 0-17 rows per expert), ``native-int8`` (our GEMV over int8 weights, 1-33 rows,
 per channel and in groups of 32, and its dequantization), ``native-int4`` (the same over
-int4 weights in groups, 1-17 rows), ``onednn-w8a8`` (vLLM's oneDNN int8 matmul: int8 weights
-times per-row int8 activations, 1-100 rows) and ``native-silu`` (our
+int4 weights in groups, 1-17 rows), ``native-int4-a8`` (int4 weights times int8
+activations in blocks of 32, float32 on AVX2, 1-33 rows), ``onednn-w8a8`` (vLLM's oneDNN int8
+matmul: int8 weights times per-row int8 activations, 1-100 rows) and ``native-silu`` (our
 SiLU-and-multiply). Linear shapes with more than :data:`MAX_PROBE_ELEMENTS` weights are probed
 with fewer output rows, keeping ``N`` modulo 64 (the kernels' tails).
 """
@@ -341,6 +342,45 @@ def probe_native_int4(shapes: ProbeShapes) -> ProbeReport:
     if not worst.cases:
         raise NotApplicable(f"no linear shape the int4 GEMV takes (N % 16, K % {group})")
     return worst.report(shapes.dtype, f"groups of {group}, rows {', '.join(map(str, INT4_ROWS))}")
+
+
+A8_ROWS = (1, 3, 4, 5, 11, 33)  # passes of 4 rows and their tails
+
+
+def probe_native_int4_a8(shapes: ProbeShapes) -> ProbeReport:
+    """``int4_a8_gemv`` (int4 weights times int8 activations in blocks of 32: float32 on
+    AVX2) on every linear shape the model's int4 scheme quantizes, against float64 of the same
+    dequantized weight times the block-quantized activations (:func:`.quant.a8.dequantize_blocks`,
+    an all-zero block among them)."""
+    from hermes_async.model.attention import native
+    from hermes_async.model.quant.a8 import BLOCK, dequantize_blocks
+    from hermes_async.model.quant.apply import INT4_GROUPS
+    from hermes_async.model.quant.weights import PAIRS, quantize_int4
+
+    native.load()
+    ops = torch.ops.hermes_native
+    if shapes.quantization not in (*INT4_GROUPS, "gguf"):
+        raise NotApplicable("no int4 weights (model.quantization)")
+    if shapes.dtype != "float32" or not ops.int4_a8_supported():
+        raise NotApplicable(f"int8 activations run in float32 on AVX2 CPUs, not "
+                            f"{shapes.dtype} here")
+    group = INT4_GROUPS.get(shapes.quantization, GGUF_INT4_GROUP)
+    gen = torch.Generator().manual_seed(31)
+    worst = _Worst()
+    for n, k in shapes.linears:
+        if n % 16 or k % group or k % BLOCK:
+            continue
+        q = quantize_int4(_weight(n, k, torch.float32, gen), group, PAIRS)
+        exact = q.dequantize(torch.float32).double()
+        for rows in A8_ROWS:
+            x = torch.randn(rows, k, generator=gen)
+            x[0, :BLOCK] = 0.0
+            out = torch.empty(rows, q.shape[0])
+            ops.int4_a8_gemv(out, x, q.values, q.scales, q.mins)
+            worst.add(out, dequantize_blocks(x) @ exact.T)
+    if not worst.cases:
+        raise NotApplicable(f"no linear shape the W4A8 GEMV takes (N % 16, K % {group})")
+    return worst.report(shapes.dtype, f"groups of {group}, rows {', '.join(map(str, A8_ROWS))}")
 
 
 W8A8_ROWS = (1, 5, 16, 33, 100)

@@ -1,0 +1,180 @@
+// int4_a8_gemv: int4 weights times int8 activations (W4A8) on AVX2, for float32 activations:
+// the byte dot product llama.cpp runs its Q4 blocks on, over gemv_packed's int4 pair layout.
+//
+// The activations are quantized per row in blocks of 32 inputs when the call comes:
+// d = max|x| / 127 over the block, q_x = round(x / d) (to nearest, ties to even; an all-zero
+// block has d = 0), so x^ = q_x * d. The weight is int4_gemv's: w[n, k] = q[n, k] *
+// scale[n, g] + min[n, g], q in 0..15, groups of a multiple of 32 along K. The product is
+// x^ times the dequantized weight, up to float32 rounding:
+//   y[n] = sum_g ( scale[n, g] * sum_{b in g} d_b * sum_{k in b} q[n, k] q_x[k]
+//                  + min[n, g] * sum_{b in g} d_b * sum_{k in b} q_x[k] ),
+// the inner sums exact in integers (vpmaddubsw: unsigned nibble times signed byte, pairs
+// summed to int16, at most 2 * 15 * 127 = 3810, so 8 such steps of a 32-input block fit
+// int16 before they widen to int32). Two pair rows (32 bytes: 16 outputs x 4 inputs) widen
+// to two registers of 8 outputs x 4 nibble bytes, each multiplied by the 4 activation bytes
+// (the row's k..k+3, spread to the two lanes), so a weight costs about a sixth of an
+// instruction against quant_f32's half at one row, and the activations' bytes are reused by
+// every output. The approximation beyond the weight's own is the activations' rounding, up
+// to half a step (max|x| / 254) per element: measured by loadtest/bench_quant_quality.py.
+//   int4_a8_gemv(out [M, N] f32, x [M, K] f32, packed [N / 16, K / 2, 16] uint8,
+//                scales, mins [N / 16, K / group, 16] f32): any M, in passes of
+//                A8_PASS_ROWS rows, each reading the weight once; K % 32 == 0, group % 32 == 0.
+#pragma once
+
+#include "common.h"
+#include "int4_gemv.h"
+
+namespace hermes_native {
+
+constexpr int64_t A8_BLOCK = 32;  // inputs per activation scale
+
+inline bool int4_a8_supported() {
+#if defined(__AVX2__) && defined(__FMA__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x [M, K] float32 as int8 blocks of 32: q [M, K], d [M, K / 32]; and each row's sum of x^
+// over each weight group (the mins' factor) [M, groups]
+struct A8Activations {
+  std::vector<int8_t> q;
+  std::vector<float> d, sums;
+};
+
+inline A8Activations quantize_a8(const float* x, int64_t m, int64_t k, int64_t group) {
+  const int64_t blocks = k / A8_BLOCK, per_group = group / A8_BLOCK;
+  A8Activations a{std::vector<int8_t>(m * k), std::vector<float>(m * blocks),
+                  std::vector<float>(m * (k / group), 0.0f)};
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + r * k + b * A8_BLOCK;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < A8_BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const float d = amax / 127.0f;
+      int8_t* qb = a.q.data() + r * k + b * A8_BLOCK;
+      int32_t total = 0;
+      for (int64_t i = 0; i < A8_BLOCK; ++i) {
+        const int32_t v = d == 0.0f ? 0 : static_cast<int32_t>(std::nearbyint(xb[i] / d));
+        qb[i] = static_cast<int8_t>(std::clamp(v, -127, 127));
+        total += qb[i];
+      }
+      a.d[r * blocks + b] = d;
+      a.sums[r * (k / group) + b / per_group] += d * static_cast<float>(total);
+    }
+  return a;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t A8_PASS_ROWS = 4;
+constexpr int64_t A8_PREFETCH = 1024;  // bytes ahead in a block's stream
+
+// one block of 16 outputs, M rows from x row 0 of the pass
+template <int M>
+inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mins,
+                          const int8_t* xq, const float* xd, const float* xs, int64_t k,
+                          int64_t groups, int64_t gp, float* out, int64_t n, int64_t nb) {
+  const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
+  const uint8_t* wb = w + nb * k2 * 16;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  // lane 0 takes activation bytes 0, 1 (inputs 2p, 2p + 1), lane 1 bytes 2, 3
+  const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  __m256 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t at = (nb * groups + g) * 16;
+    const __m256 s0 = _mm256_loadu_ps(scales + at), s1 = _mm256_loadu_ps(scales + at + 8);
+    for (int64_t p0 = g * gp; p0 < (g + 1) * gp; p0 += A8_BLOCK / 2) {  // one x block
+      __m256i sum[M][2];
+      for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm256_setzero_si256();
+      for (int64_t p = p0; p < p0 + A8_BLOCK / 2; p += 2) {
+        if ((p & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(wb + p * 16 + A8_PREFETCH),
+                                       _MM_HINT_T0);
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + p * 16));
+        const __m256i lo = _mm256_and_si256(v, nibble);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+        const __m256i u0 = _mm256_unpacklo_epi8(lo, hi);  // outputs 0-7 x inputs 2p..2p+3
+        const __m256i u1 = _mm256_unpackhi_epi8(lo, hi);  // outputs 8-15
+        for (int m = 0; m < M; ++m) {
+          int32_t four;
+          std::memcpy(&four, xq + m * k + 2 * p, 4);
+          const __m256i a = _mm256_shuffle_epi8(_mm256_set1_epi32(four), spread);
+          sum[m][0] = _mm256_add_epi16(sum[m][0], _mm256_maddubs_epi16(u0, a));
+          sum[m][1] = _mm256_add_epi16(sum[m][1], _mm256_maddubs_epi16(u1, a));
+        }
+      }
+      const int64_t b = (2 * p0) / A8_BLOCK;
+      for (int m = 0; m < M; ++m) {
+        const __m256 d = _mm256_set1_ps(xd[m * blocks + b]);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i i32 = _mm256_add_epi32(
+              _mm256_cvtepi16_epi32(_mm256_castsi256_si128(sum[m][h])),
+              _mm256_cvtepi16_epi32(_mm256_extracti128_si256(sum[m][h], 1)));
+          acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32),
+                                      _mm256_mul_ps(d, h ? s1 : s0), acc[m][h]);
+        }
+      }
+    }
+    const __m256 z0 = _mm256_loadu_ps(mins + at), z1 = _mm256_loadu_ps(mins + at + 8);
+    for (int m = 0; m < M; ++m) {
+      const __m256 t = _mm256_set1_ps(xs[m * groups + g]);
+      acc[m][0] = _mm256_fmadd_ps(t, z0, acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(t, z1, acc[m][1]);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    _mm256_storeu_ps(out + m * n + nb * 16, acc[m][0]);
+    _mm256_storeu_ps(out + m * n + nb * 16 + 8, acc[m][1]);
+  }
+}
+
+template <int M>
+void int4_a8_blocks(const uint8_t* w, const float* scales, const float* mins, const int8_t* xq,
+                    const float* xd, const float* xs, int64_t k, int64_t groups, int64_t gp,
+                    float* out, int64_t n, int64_t begin, int64_t end) {
+  for (int64_t nb = begin; nb < end; ++nb)
+    int4_a8_block<M>(w, scales, mins, xq, xd, xs, k, groups, gp, out, n, nb);
+}
+#endif
+
+inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
+                         const at::Tensor& scales, const at::Tensor& mins) {
+  TORCH_CHECK(int4_a8_supported(), "int4_a8_gemv needs AVX2 and FMA");
+  const auto [n, k, gp] = int4_shape(packed, scales, mins);
+  TORCH_CHECK(k % A8_BLOCK == 0 && (2 * gp) % A8_BLOCK == 0, "int4_a8_gemv takes K and the "
+              "group in multiples of ", A8_BLOCK, " (K = ", k, ", group ", 2 * gp, ")");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat &&
+                  x.size(1) == k,
+              "x must be a contiguous float32 [M, ", k, "]");
+  const int64_t m = x.size(0);
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.dim() == 2 &&
+                  out.size(0) == m && out.size(1) == n,
+              "out must be a contiguous float32 [", m, ", ", n, "]");
+#if defined(__AVX2__) && defined(__FMA__)
+  const int64_t groups = k / (2 * gp), blocks = k / A8_BLOCK, nblocks = n / 16;
+  const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 2 * gp);
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* zp = mins.data_ptr<float>();
+  for (int64_t r0 = 0; r0 < m; r0 += A8_PASS_ROWS) {
+    const int64_t rows = std::min(A8_PASS_ROWS, m - r0);
+    const int8_t* xq = a.q.data() + r0 * k;
+    const float* xd = a.d.data() + r0 * blocks;
+    const float* xs = a.sums.data() + r0 * groups;
+    float* op = out.data_ptr<float>() + r0 * n;
+    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t begin, int64_t end) {
+      const int64_t b0 = begin * 4, b1 = std::min(nblocks, end * 4);
+      switch (rows) {
+        case 1: int4_a8_blocks<1>(wp, sp, zp, xq, xd, xs, k, groups, gp, op, n, b0, b1); break;
+        case 2: int4_a8_blocks<2>(wp, sp, zp, xq, xd, xs, k, groups, gp, op, n, b0, b1); break;
+        case 3: int4_a8_blocks<3>(wp, sp, zp, xq, xd, xs, k, groups, gp, op, n, b0, b1); break;
+        default: int4_a8_blocks<4>(wp, sp, zp, xq, xd, xs, k, groups, gp, op, n, b0, b1); break;
+      }
+    });
+  }
+#endif
+}
+
+}  // namespace hermes_native

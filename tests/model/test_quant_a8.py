@@ -1,0 +1,181 @@
+"""Int8 activations for int4 linears (``model.activations = "int8"``, W4A8).
+
+Oracles: float64 of the dequantized weight times the block-quantized activations
+(:func:`hermes_async.model.quant.a8.dequantize_blocks`, itself checked against its definition)
+for ``int4_a8_gemv`` on the supported models' linear shapes, 1-64 rows, groups of 32 and 128;
+and, for whole runners (int4 and a GGUF's Q4_0 blocks), the same runner with float
+activations whose int4 linears are handed the block-quantized activations instead: the greedy
+answers must agree.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hermes_async.config import CacheConfig, ConfigError, ModelConfig
+from hermes_async.model.gguf.directory import prepare_gguf_dir
+from hermes_async.model.gguf.writer import write_gguf
+from hermes_async.model.quant.a8 import BLOCK, dequantize_blocks, quantize_blocks
+from hermes_async.model.quant.weights import PAIRS, QuantizedWeight, quantize_int4
+from hermes_async.model.runner import ModelRunner
+from tests.model.conftest import KERNEL_HEAD_DIM, native_unavailable
+from tests.model.test_quant_int8 import assert_same_greedy
+from tests.tiny_models import make_tiny_model, make_tiny_tokenizer
+
+A8 = "native-int4-a8"
+SHAPES = [(16, 32), (48, 64), (960, 576), (576, 1536), (1536, 576), (4096, 1024),
+          (2048, 6144), (272, 256)]
+ROW_COUNTS = [1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64]
+
+
+def _a8_kernel() -> bool:
+    if native_unavailable() is not None:
+        return False
+    from hermes_async.model.attention import native
+
+    native.load()
+    return bool(torch.ops.hermes_native.int4_a8_supported())
+
+
+needs_a8 = pytest.mark.skipif(not _a8_kernel(), reason="no W4A8 kernel here (AVX2 and FMA)")
+
+
+def test_block_quantization_is_its_definition():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 96, generator=gen) * torch.rand(3, 96, generator=gen) * 5
+    x[1, 32:64] = 0.0
+    q, d = quantize_blocks(x)
+    assert q.dtype == torch.int8 and d.shape == (3, 3)
+    assert int(q.abs().max()) <= 127 and float(d[1, 1]) == 0.0 and not q[1, 32:64].any()
+    blocks = x.reshape(3, 3, BLOCK)
+    assert torch.equal(d, blocks.abs().amax(-1) / 127)
+    xhat = dequantize_blocks(x)
+    step = d.double().repeat_interleave(BLOCK, dim=1)
+    assert ((xhat - x.double()).abs() <= step / 2 + 1e-12).all()
+    with pytest.raises(ValueError, match="multiples of 32"):
+        quantize_blocks(torch.zeros(1, 40))
+
+
+@needs_a8
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4_a8_gemv_matches_float64_of_the_quantized_operands(n, k, group):
+    if k % group:
+        pytest.skip("K not a multiple of the group")
+    gen = torch.Generator().manual_seed(n + 7 * k + group)
+    q = quantize_int4(torch.randn(n, k, generator=gen) / k ** 0.5, group, PAIRS)
+    exact = q.dequantize(torch.float32).double()
+    for rows in ROW_COUNTS:
+        x = torch.randn(rows, k, generator=gen) * 3
+        x[rows // 2, :BLOCK] = 0.0  # a zero block: scale 0
+        out = torch.empty(rows, n)
+        torch.ops.hermes_native.int4_a8_gemv(out, x, q.values, q.scales, q.mins)
+        xhat = dequantize_blocks(x)
+        ref = xhat @ exact.T
+        bound = 1e-5 * (xhat.abs() @ exact.abs().T) + 1e-6
+        assert ((out.double() - ref).abs() <= bound).all(), rows
+
+
+@needs_a8
+def test_int4_a8_gemv_refuses_what_it_cannot_take():
+    q = quantize_int4(torch.randn(16, 48), 16, PAIRS)
+    with pytest.raises(RuntimeError, match="multiples of 32"):
+        torch.ops.hermes_native.int4_a8_gemv(torch.empty(1, 16), torch.randn(1, 48), q.values,
+                                             q.scales, q.mins)
+    q = quantize_int4(torch.randn(16, 64), 32, PAIRS)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.hermes_native.int4_a8_gemv(torch.empty(1, 16, dtype=torch.bfloat16),
+                                             torch.randn(1, 64).bfloat16(), q.values, q.scales,
+                                             q.mins)
+
+
+@needs_a8
+def test_its_probe_admits_it_for_float32_int4_models_only(tiny_models):
+    from hermes_async.model.kernels.paths import NotApplicable
+    from hermes_async.model.kernels.probe_ops import probe_native_int4_a8
+    from hermes_async.model.kernels.shapes import ProbeShapes
+    from hermes_async.model.spec import read_spec
+
+    spec = read_spec(tiny_models("qwen3", KERNEL_HEAD_DIM))
+    for scheme in ("int4", "gguf"):
+        report = probe_native_int4_a8(ProbeShapes.from_spec(spec, 16, "float32", 1, scheme))
+        assert report.ok, report
+    with pytest.raises(NotApplicable, match="no int4 weights"):
+        probe_native_int4_a8(ProbeShapes.from_spec(spec, 16, "float32", 1, "int8"))
+    with pytest.raises(NotApplicable, match="float32"):
+        probe_native_int4_a8(ProbeShapes.from_spec(spec, 16, "bfloat16", 1, "int4"))
+
+
+def test_the_setting_needs_4_bit_weights():
+    assert ModelConfig(quantization="gguf", activations="int8").activations == "int8"
+    with pytest.raises(ConfigError, match="needs 4-bit weights"):
+        ModelConfig(quantization="int8", activations="int8")
+    with pytest.raises(ConfigError, match="float or int8"):
+        ModelConfig(quantization="int4", activations="fp8")
+
+
+def _block_quantized_inputs(runner: ModelRunner) -> None:
+    """The oracle: ``runner``'s int4 linears (float activations) handed ``x^`` instead of
+    ``x`` in the steps W4A8 takes (up to its GEMV's rows, K and group in whole blocks)."""
+    ops = runner.model.ops
+    plain = ops.quantized_linear
+    most = ops.int4_gemv_max_rows
+
+    def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+        n, k = weight.shape
+        rows = x.numel() // k
+        if (weight.scheme == "int4" and rows <= most and k % BLOCK == 0
+                and weight.group % BLOCK == 0):
+            x = dequantize_blocks(x.reshape(rows, k)).float().view(x.shape)
+        return plain(x, weight, bias)
+
+    ops.quantized_linear = quantized_linear
+
+
+def _runners(path, quantization: str) -> tuple[ModelRunner, ModelRunner]:
+    def runner(activations: str) -> ModelRunner:
+        return ModelRunner(path, ModelConfig(dtype="float32", attention_backend="native-cpu",
+                                             quantization=quantization,
+                                             activations=activations),
+                           CacheConfig(kv_cache_bytes=8 << 20))
+
+    ours, oracle = runner("int8"), runner("float")
+    assert A8 in ours.model.ops.name, ours.model.ops.name
+    assert A8 not in oracle.model.ops.name and "native-int4" in oracle.model.ops.name
+    _block_quantized_inputs(oracle)
+    return ours, oracle
+
+
+def _prompts(seed: str) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 300) for _ in range(n)] for n in (5, 17, 40)]
+
+
+@needs_a8
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_int4_runner_answers_as_its_block_quantized_oracle(tiny_models, arch):
+    ours, oracle = _runners(tiny_models(arch, KERNEL_HEAD_DIM), "int4")
+    assert_same_greedy(ours, oracle, _prompts(arch))
+
+
+@needs_a8
+def test_gguf_q4_0_runner_answers_as_its_block_quantized_oracle(tmp_path):
+    model_dir = make_tiny_model(tmp_path / "llama", "llama", gguf_layout=True, head_dim=64,
+                                sizes={"hidden_size": 128, "intermediate_size": 256})
+    path = write_gguf(model_dir, tmp_path / "llama-Q4_0.gguf", "Q4_0",
+                      tokenizer_dir=make_tiny_tokenizer(tmp_path / "tokenizer"), pre="gpt2")
+    ours, oracle = _runners(prepare_gguf_dir(path, tmp_path / "home"), "gguf")
+    assert_same_greedy(ours, oracle, _prompts("gguf"))
+
+
+@needs_a8
+def test_float_activations_leave_it_unused(tiny_models):
+    runner = ModelRunner(tiny_models("llama", KERNEL_HEAD_DIM),
+                         ModelConfig(dtype="float32", attention_backend="native-cpu",
+                                     quantization="int4"),
+                         CacheConfig(kv_cache_bytes=8 << 20))
+    assert A8 not in runner.layer_op_parts and A8 not in runner.model.ops.name

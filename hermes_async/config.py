@@ -21,7 +21,8 @@ ATTENTION_CODE_PATHS = ("vllm-cpu:amx", "vllm-cpu:vec", "vllm-cpu:vec16")
 KERNEL_PROBE_MODES = ("cached", "fresh")
 QUANTIZATIONS = ("none", "int8", "int4", "int4-g128", "w8a8", "gguf")
 ACTIVATIONS = ("float", "int8")
-INT4_QUANTIZATIONS = ("int4", "int4-g128", "gguf")  # those with 4-bit weights (gguf: Q4 blocks)
+# the schemes whose int8 / int4 weights may take int8 activations (model.activations)
+A8_QUANTIZATIONS = ("int8", "int4", "int4-g128", "gguf")
 
 
 class ConfigError(ValueError):
@@ -68,13 +69,14 @@ class ModelConfig:
         (``native-int8``, ``native-int4``: bfloat16 on AVX512-BF16 CPUs; ``onednn-w8a8``:
         vLLM's oneDNN int8 matmul) are probed like the others; where refused or absent, the
         reference runs (weights dequantized per call: correct, slow).
-    activations: the inputs of int4 linears in decode steps: ``float`` (as computed) or
-        ``int8`` (quantized per row in blocks of 32 inputs, symmetric, as llama.cpp's Q4
-        matmuls quantize theirs: ``hermes_async.model.quant.a8``), multiplied by the 4-bit
-        integers in bytes (the ``native-int4-a8`` path, probed like the others: float32 on
-        AVX2 CPUs, about 2x the float32 int4 GEMV; elsewhere the activations stay float, as
-        the log says). Prefills stay float. Needs 4-bit weights (``int4``, ``int4-g128``,
-        ``gguf``).
+    activations: the inputs of int8 / int4 linears in decode steps: ``float`` (as computed)
+        or ``int8`` (quantized per row in blocks of 32 inputs, symmetric, as llama.cpp
+        quantizes those of its Q8_0 / Q4 matmuls: ``hermes_async.model.quant.a8``),
+        multiplied by the weights' integers in bytes (the ``native-int4-a8`` and
+        ``native-int8-a8`` paths, probed like the others: float32 on AVX2 CPUs, about 2x the
+        float32 GEMVs; elsewhere the activations stay float, as the log says). Steps of more
+        rows than the GEMVs take (long prefills) stay float. Needs ``int8``, ``int4``,
+        ``int4-g128`` or ``gguf``.
     cuda_graphs: capture CUDA graphs of decode batches at start-up and replay them (CUDA with
         the ``flashinfer`` backend only; no effect elsewhere): see
         ``hermes_async.model.cuda_graphs``. Off by default until it has run on a GPU.
@@ -119,9 +121,10 @@ class ModelConfig:
         if self.activations not in ACTIVATIONS:
             raise ConfigError(f"model.activations must be float or int8, not "
                               f"{self.activations!r}")
-        if self.activations == "int8" and self.quantization not in INT4_QUANTIZATIONS:
-            raise ConfigError(f"model.activations = int8 needs 4-bit weights (model.quantization "
-                              f"{', '.join(INT4_QUANTIZATIONS)}), not {self.quantization!r}")
+        if self.activations == "int8" and self.quantization not in A8_QUANTIZATIONS:
+            raise ConfigError(f"model.activations = int8 needs int8 / int4 weights "
+                              f"(model.quantization {', '.join(A8_QUANTIZATIONS)}), not "
+                              f"{self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("model.max_model_len must be at least 2")
         if self.num_threads is not None and self.num_threads < 1:

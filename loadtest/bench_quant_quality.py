@@ -10,6 +10,10 @@ default where the CPU has AVX512-BF16), ``auto`` attention backend: the kernels 
 
     python loadtest/bench_quant_quality.py                       # none vs int8, default model
     python loadtest/bench_quant_quality.py --schemes none int8 --json /tmp/quality.json
+    python loadtest/bench_quant_quality.py --dtype float32 --schemes none int4 int4+a8
+
+A scheme ``X+a8`` is ``X``'s weights with ``model.activations = "int8"`` (int8 / int4 weights
+times activations quantized to int8 in blocks of 32, where the kernels run: float32 on AVX2).
 
 A scheme whose top-1 agreement falls under ``AGREEMENT_FLOOR`` is not offered as a default
 (README "Quantization").
@@ -82,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, float]] = {}
     ref = None
     for scheme in args.schemes:
-        runner = ModelRunner(model_dir, ModelConfig(dtype=args.dtype, quantization=scheme),
-                             CacheConfig(kv_cache_bytes=256 << 20))
+        quantization, a8, _ = scheme.partition("+a8")  # X+a8: int8 activations
+        config = ModelConfig(dtype=args.dtype, quantization=quantization,
+                             activations="int8" if a8 else "float")
+        runner = ModelRunner(model_dir, config, CacheConfig(kv_cache_bytes=256 << 20))
         lp = log_probs(runner, windows)
         del runner
         if ref is None:

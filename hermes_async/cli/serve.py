@@ -37,8 +37,9 @@ def register(subparsers: Any) -> None:
                        help="the linears' weights: none (as loaded), int8, int4 or int4-g128 "
                             "(model.quantization)")
     serve.add_argument("--activations", default=None, choices=config_mod.ACTIVATIONS,
-                       help="int8: int4 linears' decode inputs quantized to int8 in blocks of "
-                            "32 (W4A8, llama.cpp's Q4 arithmetic; model.activations)")
+                       help="int8: int8 / int4 linears' decode inputs quantized to int8 in "
+                            "blocks of 32 (llama.cpp's Q8_0 / Q4 arithmetic; "
+                            "model.activations)")
     serve.add_argument("--api-key", default=None, help="require this key (tenant 'default')")
     serve.add_argument("--replicas", type=int, default=None,
                        help="N >= 2 engine replicas behind one endpoint on Ray Serve (the "

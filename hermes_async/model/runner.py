@@ -112,16 +112,17 @@ class ModelRunner:
             self.graphs = maybe_capture(self)
 
     def _wanted_parts(self, parts: frozenset[str]) -> frozenset[str]:
-        """The admitted layer ops the config asks for: W4A8 only with ``activations = int8``
-        (logged where asked and not admitted)."""
-        from hermes_async.model.attention.native_cpu import NATIVE_INT4_A8
+        """The admitted layer ops the config asks for: W4A8 / W8A8 only with ``activations =
+        int8`` (logged where asked and not admitted)."""
+        from hermes_async.model.attention.native_cpu import NATIVE_A8
 
         if self.model_config.activations != "int8":
-            return parts - {NATIVE_INT4_A8}
-        if NATIVE_INT4_A8 not in parts:
-            why = [v.reason for v in self.kernel_verdicts if v.name == NATIVE_INT4_A8]
-            log.warning("activations = int8: no W4A8 kernel here (%s); the activations stay "
-                        "float", why[0] if why else f"{self.attention.name} has none")
+            return parts - set(NATIVE_A8)
+        if not parts & set(NATIVE_A8):
+            why = [f"{v.name}: {v.reason}" for v in self.kernel_verdicts if v.name in NATIVE_A8]
+            log.warning("activations = int8: no int8-activation kernel here (%s); the "
+                        "activations stay float",
+                        "; ".join(why) or f"{self.attention.name} has none")
         return parts
 
     def _calibrate(self) -> dict[int, torch.Tensor]:

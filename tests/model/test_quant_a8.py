@@ -1,9 +1,10 @@
-"""Int8 activations for int4 linears (``model.activations = "int8"``, W4A8).
+"""Int8 activations for int8 / int4 linears (``model.activations = "int8"``: W8A8, W4A8).
 
 Oracles: float64 of the dequantized weight times the block-quantized activations
 (:func:`hermes_async.model.quant.a8.dequantize_blocks`, itself checked against its definition)
-for ``int4_a8_gemv`` on the supported models' linear shapes, 1-64 rows, groups of 32 and 128;
-and, for whole runners (int4 and a GGUF's Q4_0 blocks), the same runner with float
+for ``int4_a8_gemv`` and ``int8_a8_gemv`` on the supported models' linear shapes, 1-64 rows,
+the groups each scheme brings; and, for whole runners (int8, int4 and a GGUF's Q4_0 blocks),
+the same runner with float
 activations whose int4 linears are handed the block-quantized activations instead: the greedy
 answers must agree.
 """
@@ -19,13 +20,13 @@ from hermes_async.config import CacheConfig, ConfigError, ModelConfig
 from hermes_async.model.gguf.directory import prepare_gguf_dir
 from hermes_async.model.gguf.writer import write_gguf
 from hermes_async.model.quant.a8 import BLOCK, dequantize_blocks, quantize_blocks
-from hermes_async.model.quant.weights import PAIRS, QuantizedWeight, quantize_int4
+from hermes_async.model.quant.weights import PAIRS, QuantizedWeight, quantize_int4, quantize_int8
 from hermes_async.model.runner import ModelRunner
 from tests.model.conftest import KERNEL_HEAD_DIM, native_unavailable
 from tests.model.test_quant_int8 import assert_same_greedy
 from tests.tiny_models import make_tiny_model, make_tiny_tokenizer
 
-A8 = "native-int4-a8"
+A8 = {"int4": "native-int4-a8", "int8": "native-int8-a8", "gguf": "native-int4-a8"}
 SHAPES = [(16, 32), (48, 64), (960, 576), (576, 1536), (1536, 576), (4096, 1024),
           (2048, 6144), (272, 256)]
 ROW_COUNTS = [1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64]
@@ -80,6 +81,26 @@ def test_int4_a8_gemv_matches_float64_of_the_quantized_operands(n, k, group):
 
 
 @needs_a8
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("group", [None, 32, 16])
+def test_int8_a8_gemv_matches_float64_of_the_quantized_operands(n, k, group):
+    if group is not None and k % group:
+        pytest.skip("K not a multiple of the group")
+    gen = torch.Generator().manual_seed(n + 5 * k + (group or 0))
+    q = quantize_int8(torch.randn(n, k, generator=gen) / k ** 0.5, group, PAIRS)
+    exact = q.dequantize(torch.float32).double()
+    for rows in ROW_COUNTS:
+        x = torch.randn(rows, k, generator=gen) * 3
+        x[rows // 2, :BLOCK] = 0.0
+        out = torch.empty(rows, n)
+        torch.ops.hermes_native.int8_a8_gemv(out, x, q.values, q.scales)
+        xhat = dequantize_blocks(x)
+        ref = xhat @ exact.T
+        bound = 1e-5 * (xhat.abs() @ exact.abs().T) + 1e-6
+        assert ((out.double() - ref).abs() <= bound).all(), rows
+
+
+@needs_a8
 def test_int4_a8_gemv_refuses_what_it_cannot_take():
     q = quantize_int4(torch.randn(16, 48), 16, PAIRS)
     with pytest.raises(RuntimeError, match="multiples of 32"):
@@ -90,12 +111,16 @@ def test_int4_a8_gemv_refuses_what_it_cannot_take():
         torch.ops.hermes_native.int4_a8_gemv(torch.empty(1, 16, dtype=torch.bfloat16),
                                              torch.randn(1, 64).bfloat16(), q.values, q.scales,
                                              q.mins)
+    q = quantize_int8(torch.randn(16, 64), 8, PAIRS)
+    with pytest.raises(RuntimeError, match="groups of 16"):
+        torch.ops.hermes_native.int8_a8_gemv(torch.empty(1, 16), torch.randn(1, 64), q.values,
+                                             q.scales)
 
 
 @needs_a8
 def test_its_probe_admits_it_for_float32_int4_models_only(tiny_models):
     from hermes_async.model.kernels.paths import NotApplicable
-    from hermes_async.model.kernels.probe_ops import probe_native_int4_a8
+    from hermes_async.model.kernels.probe_ops import probe_native_int4_a8, probe_native_int8_a8
     from hermes_async.model.kernels.shapes import ProbeShapes
     from hermes_async.model.spec import read_spec
 
@@ -107,19 +132,27 @@ def test_its_probe_admits_it_for_float32_int4_models_only(tiny_models):
         probe_native_int4_a8(ProbeShapes.from_spec(spec, 16, "float32", 1, "int8"))
     with pytest.raises(NotApplicable, match="float32"):
         probe_native_int4_a8(ProbeShapes.from_spec(spec, 16, "bfloat16", 1, "int4"))
+    for scheme in ("int8", "gguf"):
+        report = probe_native_int8_a8(ProbeShapes.from_spec(spec, 16, "float32", 1, scheme))
+        assert report.ok, report
+    with pytest.raises(NotApplicable, match="no int8 weights"):
+        probe_native_int8_a8(ProbeShapes.from_spec(spec, 16, "float32", 1, "int4"))
 
 
-def test_the_setting_needs_4_bit_weights():
-    assert ModelConfig(quantization="gguf", activations="int8").activations == "int8"
-    with pytest.raises(ConfigError, match="needs 4-bit weights"):
-        ModelConfig(quantization="int8", activations="int8")
+def test_the_setting_needs_int8_or_int4_weights():
+    for scheme in ("int8", "int4", "int4-g128", "gguf"):
+        assert ModelConfig(quantization=scheme, activations="int8").activations == "int8"
+    for scheme in ("none", "w8a8"):
+        with pytest.raises(ConfigError, match="needs int8 / int4 weights"):
+            ModelConfig(quantization=scheme, activations="int8")
     with pytest.raises(ConfigError, match="float or int8"):
         ModelConfig(quantization="int4", activations="fp8")
 
 
 def _block_quantized_inputs(runner: ModelRunner) -> None:
-    """The oracle: ``runner``'s int4 linears (float activations) handed ``x^`` instead of
-    ``x`` in the steps W4A8 takes (up to its GEMV's rows, K and group in whole blocks)."""
+    """The oracle: ``runner``'s int8 / int4 linears (float activations) handed ``x^`` instead
+    of ``x`` in the steps the int8-activation kernels take (up to the GEMVs' rows, K in whole
+    blocks, the group too or, int8, half a block)."""
     ops = runner.model.ops
     plain = ops.quantized_linear
     most = ops.int4_gemv_max_rows
@@ -128,8 +161,9 @@ def _block_quantized_inputs(runner: ModelRunner) -> None:
                          bias: torch.Tensor | None = None) -> torch.Tensor:
         n, k = weight.shape
         rows = x.numel() // k
-        if (weight.scheme == "int4" and rows <= most and k % BLOCK == 0
-                and weight.group % BLOCK == 0):
+        group_fits = weight.group % BLOCK == 0 or (weight.scheme == "int8"
+                                                   and weight.group == BLOCK // 2)
+        if rows <= most and k % BLOCK == 0 and group_fits:
             x = dequantize_blocks(x.reshape(rows, k)).float().view(x.shape)
         return plain(x, weight, bias)
 
@@ -144,8 +178,10 @@ def _runners(path, quantization: str) -> tuple[ModelRunner, ModelRunner]:
                            CacheConfig(kv_cache_bytes=8 << 20))
 
     ours, oracle = runner("int8"), runner("float")
-    assert A8 in ours.model.ops.name, ours.model.ops.name
-    assert A8 not in oracle.model.ops.name and "native-int4" in oracle.model.ops.name
+    path_name = A8[quantization]
+    assert path_name in ours.model.ops.name, ours.model.ops.name
+    assert "-a8" not in oracle.model.ops.name
+    assert path_name.removesuffix("-a8") in oracle.model.ops.name
     _block_quantized_inputs(oracle)
     return ours, oracle
 
@@ -156,9 +192,11 @@ def _prompts(seed: str) -> list[list[int]]:
 
 
 @needs_a8
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
-def test_int4_runner_answers_as_its_block_quantized_oracle(tiny_models, arch):
-    ours, oracle = _runners(tiny_models(arch, KERNEL_HEAD_DIM), "int4")
+@pytest.mark.parametrize(("arch", "scheme"), [("llama", "int4"), ("qwen3", "int4"),
+                                              ("gemma3", "int4"), ("llama", "int8"),
+                                              ("phi3", "int8")])
+def test_runner_answers_as_its_block_quantized_oracle(tiny_models, arch, scheme):
+    ours, oracle = _runners(tiny_models(arch, KERNEL_HEAD_DIM), scheme)
     assert_same_greedy(ours, oracle, _prompts(arch))
 
 
@@ -178,4 +216,4 @@ def test_float_activations_leave_it_unused(tiny_models):
                          ModelConfig(dtype="float32", attention_backend="native-cpu",
                                      quantization="int4"),
                          CacheConfig(kv_cache_bytes=8 << 20))
-    assert A8 not in runner.layer_op_parts and A8 not in runner.model.ops.name
+    assert not {*A8.values()} & runner.layer_op_parts and "-a8" not in runner.model.ops.name

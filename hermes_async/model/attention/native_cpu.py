@@ -89,7 +89,10 @@ NATIVE_SILU = "native-silu"
 NATIVE_MOE = "native-moe"
 NATIVE_INT8 = "native-int8"
 NATIVE_INT4 = "native-int4"
-NATIVE_INT4_A8 = "native-int4-a8"  # int4 x int8 activations (model.activations = "int8")
+# int4 / int8 weights times int8 activations (model.activations = "int8"; quant/a8.py)
+NATIVE_INT4_A8 = "native-int4-a8"
+NATIVE_INT8_A8 = "native-int8-a8"
+NATIVE_A8 = (NATIVE_INT4_A8, NATIVE_INT8_A8)
 # int8_gemv reads the weight once per 24 rows; past this many rows (prefills) a step
 # dequantizes each weight to bfloat16 and multiplies (compute-bound, the conversion a small part)
 INT8_GEMV_MAX_ROWS = 64
@@ -136,6 +139,7 @@ class NativeOps:
     _native_int8: bool
     _native_int4: bool
     _native_int4_a8: bool
+    _native_int8_a8: bool
     _quantized_dtype: torch.dtype  # the activations' dtype int8_gemv / int4_gemv take
     _scratch: torch.Tensor | None  # the dequantized weight of a many-row quantized linear
     int8_gemv_max_rows: int
@@ -144,15 +148,17 @@ class NativeOps:
 
     def _use_native(self, dtype: torch.dtype, weights: list[torch.Tensor], *, gemv: bool,
                     silu: bool, moe: bool = False, int8: bool = False,
-                    int4: bool = False, int4_a8: bool = False) -> None:
+                    int4: bool = False, int4_a8: bool = False,
+                    int8_a8: bool = False) -> None:
         ops = torch.ops.hermes_native
         self._gemv = {}
         self._native_silu = silu
         self._native_moe = moe and ops.grouped_gemv_supported()
         self._native_int8 = int8 and ops.int8_gemv_supported(dtype)
         self._native_int4 = int4 and ops.int4_gemv_supported(dtype)
-        self._native_int4_a8 = (int4_a8 and self._native_int4 and dtype == torch.float32
-                                and ops.int4_a8_supported())
+        a8 = dtype == torch.float32 and ops.int4_a8_supported()
+        self._native_int4_a8 = int4_a8 and self._native_int4 and a8
+        self._native_int8_a8 = int8_a8 and self._native_int8 and a8
         self._quantized_dtype = dtype
         self.int8_gemv_max_rows, self.int4_gemv_max_rows = quantized_gemv_max_rows(
             cpu_features.current(), dtype)
@@ -166,7 +172,8 @@ class NativeOps:
                                      (NATIVE_MOE, self._native_moe),
                                      (NATIVE_INT8, self._native_int8),
                                      (NATIVE_INT4, self._native_int4),
-                                     (NATIVE_INT4_A8, self._native_int4_a8)) if on)
+                                     (NATIVE_INT4_A8, self._native_int4_a8),
+                                     (NATIVE_INT8_A8, self._native_int8_a8)) if on)
         self.parts = mine + self.parts
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight,
@@ -186,8 +193,9 @@ class NativeOps:
                          bias: torch.Tensor | None = None) -> torch.Tensor:
         """Weights in the pairs layout through ``int8_gemv`` / ``int4_gemv`` (up to
         ``int8_gemv_max_rows`` / ``int4_gemv_max_rows`` rows: :func:`quantized_gemv_max_rows`;
-        int4 through ``int4_a8_gemv`` where ``native-int4-a8`` is admitted and asked for:
-        :mod:`~hermes_async.model.quant.a8`) or dequantized by their
+        through ``int4_a8_gemv`` / ``int8_a8_gemv`` where ``native-int4-a8`` /
+        ``native-int8-a8`` are admitted and asked for: :mod:`~hermes_async.model.quant.a8`)
+        or dequantized by their
         ``*_dequantize`` for a bfloat16 matmul (more rows); anything else the reference."""
         if weight.scheme == W8A8:  # vLLM's oneDNN kernel where prepared (or the reference)
             return super().quantized_linear(x, weight, bias)  # type: ignore[misc]
@@ -205,10 +213,14 @@ class NativeOps:
             (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
             return F.linear(x, w, bias)
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
-        gemv = ops.int8_gemv
-        if int4:  # W4A8 where asked and admitted (K and the group in whole blocks of 32)
-            a8 = self._native_int4_a8 and k % A8_BLOCK == 0 and weight.group % A8_BLOCK == 0
+        # W4A8 / W8A8 where asked and admitted: K in whole blocks of 32, the group too (int8:
+        # or half a block, Q6_K's)
+        a8 = (self._native_int4_a8 if int4 else self._native_int8_a8) and k % A8_BLOCK == 0 and (
+            weight.group % A8_BLOCK == 0 or (not int4 and weight.group == A8_BLOCK // 2))
+        if int4:
             gemv = ops.int4_a8_gemv if a8 else ops.int4_gemv
+        else:
+            gemv = ops.int8_a8_gemv if a8 else ops.int8_gemv
         gemv(out.view(rows, n), x.reshape(rows, k).contiguous(), *tensors)
         return out if bias is None else out + bias
 
@@ -253,7 +265,8 @@ class NativeVllmLayerOps(NativeOps, VllmCpuLayerOps):
                          fused=VLLM_FUSED_OPS in parts, w8a8=ONEDNN_W8A8 in parts)
         self._use_native(dtype, weights, gemv=NATIVE_GEMV in parts, silu=NATIVE_SILU in parts,
                          moe=NATIVE_MOE in parts, int8=NATIVE_INT8 in parts,
-                         int4=NATIVE_INT4 in parts, int4_a8=NATIVE_INT4_A8 in parts)
+                         int4=NATIVE_INT4 in parts, int4_a8=NATIVE_INT4_A8 in parts,
+                         int8_a8=NATIVE_INT8_A8 in parts)
 
 
 class NativeTorchLayerOps(NativeOps, TorchLayerOps):
@@ -267,7 +280,8 @@ class NativeTorchLayerOps(NativeOps, TorchLayerOps):
         super().__init__(spec)
         self._use_native(dtype, weights, gemv=NATIVE_GEMV in parts, silu=NATIVE_SILU in parts,
                          moe=NATIVE_MOE in parts, int8=NATIVE_INT8 in parts,
-                         int4=NATIVE_INT4 in parts, int4_a8=NATIVE_INT4_A8 in parts)
+                         int4=NATIVE_INT4 in parts, int4_a8=NATIVE_INT4_A8 in parts,
+                         int8_a8=NATIVE_INT8_A8 in parts)
 
 
 class NativeCpuBackend(AttentionBackend):
@@ -316,6 +330,8 @@ class NativeCpuBackend(AttentionBackend):
                 KernelPath(NATIVE_INT4, LAYER_OP, f"{PROBE_OPS}:probe_native_int4",
                            libraries=library),
                 KernelPath(NATIVE_INT4_A8, LAYER_OP, f"{PROBE_OPS}:probe_native_int4_a8",
+                           libraries=library),
+                KernelPath(NATIVE_INT8_A8, LAYER_OP, f"{PROBE_OPS}:probe_native_int8_a8",
                            libraries=library),
                 KernelPath(NATIVE_SILU, LAYER_OP, f"{PROBE_OPS}:probe_native_silu",
                            libraries=library),

@@ -8,11 +8,12 @@ RMSNorm, neox rotary, SiLU-and-multiply), ``native-gemv`` (our bfloat16 GEMV ove
 weights, 1-8 rows), ``native-moe`` (our grouped GEMV over the experts' stacked weights, both
 projections, 0-17 rows per expert), ``native-int8`` (our GEMV over int8 weights, 1-33 rows,
 per channel and in groups of 32, and its dequantization), ``native-int4`` (the same over
-int4 weights in groups, 1-17 rows), ``native-int4-a8`` (int4 weights times int8
-activations in blocks of 32, float32 on AVX2, 1-33 rows), ``onednn-w8a8`` (vLLM's oneDNN int8
-matmul: int8 weights times per-row int8 activations, 1-100 rows) and ``native-silu`` (our
-SiLU-and-multiply). Linear shapes with more than :data:`MAX_PROBE_ELEMENTS` weights are probed
-with fewer output rows, keeping ``N`` modulo 64 (the kernels' tails).
+int4 weights in groups, 1-17 rows), ``native-int4-a8`` / ``native-int8-a8`` (int4 /
+int8 weights times int8 activations in blocks of 32, float32 on AVX2, 1-33 rows),
+``onednn-w8a8`` (vLLM's oneDNN int8 matmul: int8 weights times per-row int8 activations,
+1-100 rows) and ``native-silu`` (our SiLU-and-multiply). Linear shapes with more than
+:data:`MAX_PROBE_ELEMENTS` weights are probed with fewer output rows, keeping ``N`` modulo 64
+(the kernels' tails).
 """
 
 from __future__ import annotations
@@ -352,35 +353,59 @@ def probe_native_int4_a8(shapes: ProbeShapes) -> ProbeReport:
     AVX2) on every linear shape the model's int4 scheme quantizes, against float64 of the same
     dequantized weight times the block-quantized activations (:func:`.quant.a8.dequantize_blocks`,
     an all-zero block among them)."""
+    from hermes_async.model.quant.apply import INT4_GROUPS
+
+    if shapes.quantization not in (*INT4_GROUPS, "gguf"):
+        raise NotApplicable("no int4 weights (model.quantization)")
+    return _probe_a8(shapes, "int4", (INT4_GROUPS.get(shapes.quantization, GGUF_INT4_GROUP),))
+
+
+def probe_native_int8_a8(shapes: ProbeShapes) -> ProbeReport:
+    """``int8_a8_gemv`` (int8 weights times int8 activations in blocks of 32) as
+    :func:`probe_native_int4_a8`, per channel and in the scheme's groups (gguf: 32 and 16)."""
+    if shapes.quantization not in ("int8", "gguf"):
+        raise NotApplicable("no int8 weights (model.quantization)")
+    return _probe_a8(shapes, "int8",
+                     GGUF_INT8_GROUPS if shapes.quantization == "gguf" else INT8_GROUPS)
+
+
+def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) -> ProbeReport:
     from hermes_async.model.attention import native
     from hermes_async.model.quant.a8 import BLOCK, dequantize_blocks
-    from hermes_async.model.quant.apply import INT4_GROUPS
-    from hermes_async.model.quant.weights import PAIRS, quantize_int4
+    from hermes_async.model.quant.weights import PAIRS, quantize_int4, quantize_int8
 
     native.load()
     ops = torch.ops.hermes_native
-    if shapes.quantization not in (*INT4_GROUPS, "gguf"):
-        raise NotApplicable("no int4 weights (model.quantization)")
     if shapes.dtype != "float32" or not ops.int4_a8_supported():
         raise NotApplicable(f"int8 activations run in float32 on AVX2 CPUs, not "
                             f"{shapes.dtype} here")
-    group = INT4_GROUPS.get(shapes.quantization, GGUF_INT4_GROUP)
     gen = torch.Generator().manual_seed(31)
     worst = _Worst()
     for n, k in shapes.linears:
-        if n % 16 or k % group or k % BLOCK:
+        if n % 16 or k % BLOCK:
             continue
-        q = quantize_int4(_weight(n, k, torch.float32, gen), group, PAIRS)
-        exact = q.dequantize(torch.float32).double()
-        for rows in A8_ROWS:
-            x = torch.randn(rows, k, generator=gen)
-            x[0, :BLOCK] = 0.0
-            out = torch.empty(rows, q.shape[0])
-            ops.int4_a8_gemv(out, x, q.values, q.scales, q.mins)
-            worst.add(out, dequantize_blocks(x) @ exact.T)
+        weight = _weight(n, k, torch.float32, gen)
+        for group in groups:
+            if group is not None and k % group:
+                continue
+            if bits == "int4":
+                q = quantize_int4(weight, group or k, PAIRS)
+            else:
+                q = quantize_int8(weight, group, PAIRS)
+            exact = q.dequantize(torch.float32).double()
+            for rows in A8_ROWS:
+                x = torch.randn(rows, k, generator=gen)
+                x[0, :BLOCK] = 0.0
+                out = torch.empty(rows, q.shape[0])
+                if bits == "int4":
+                    ops.int4_a8_gemv(out, x, q.values, q.scales, q.mins)
+                else:
+                    ops.int8_a8_gemv(out, x, q.values, q.scales)
+                worst.add(out, dequantize_blocks(x) @ exact.T)
     if not worst.cases:
-        raise NotApplicable(f"no linear shape the W4A8 GEMV takes (N % 16, K % {group})")
-    return worst.report(shapes.dtype, f"groups of {group}, rows {', '.join(map(str, A8_ROWS))}")
+        raise NotApplicable(f"no linear shape the {bits} x int8 GEMV takes (N % 16, K % 32)")
+    named = ", ".join("per channel" if g is None else f"groups of {g}" for g in groups)
+    return worst.report(shapes.dtype, f"{named}, rows {', '.join(map(str, A8_ROWS))}")
 
 
 W8A8_ROWS = (1, 5, 16, 33, 100)

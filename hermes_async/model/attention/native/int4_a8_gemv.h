@@ -36,8 +36,8 @@ inline bool int4_a8_supported() {
 #endif
 }
 
-// x [M, K] float32 as int8 blocks of 32: q [M, K], d [M, K / 32]; and each row's sum of x^
-// over each weight group (the mins' factor) [M, groups]
+// x [M, K] float32 as int8 blocks of 32: q [M, K], d [M, K / 32]; and, for a weight group
+// (a multiple of 32; 0: none), each row's sum of x^ over each group (the mins' factor)
 struct A8Activations {
   std::vector<int8_t> q;
   std::vector<float> d, sums;
@@ -45,8 +45,9 @@ struct A8Activations {
 
 inline A8Activations quantize_a8(const float* x, int64_t m, int64_t k, int64_t group) {
   const int64_t blocks = k / A8_BLOCK, per_group = group / A8_BLOCK;
+  const int64_t groups = group ? k / group : 0;
   A8Activations a{std::vector<int8_t>(m * k), std::vector<float>(m * blocks),
-                  std::vector<float>(m * (k / group), 0.0f)};
+                  std::vector<float>(m * groups, 0.0f)};
   for (int64_t r = 0; r < m; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       const float* xb = x + r * k + b * A8_BLOCK;
@@ -61,7 +62,7 @@ inline A8Activations quantize_a8(const float* x, int64_t m, int64_t k, int64_t g
         total += qb[i];
       }
       a.d[r * blocks + b] = d;
-      a.sums[r * (k / group) + b / per_group] += d * static_cast<float>(total);
+      if (group) a.sums[r * groups + b / per_group] += d * static_cast<float>(total);
     }
   return a;
 }

@@ -38,8 +38,8 @@
 // pack_for_gemv / gemv_packed (gemv.h, the linears of decode steps with a few rows), and
 // grouped_gemv (grouped_gemv.h, the experts of a mixture-of-experts block at decode sizes), and
 // int8_gemv / int8_dequantize (int8_gemv.h) and int4_gemv / int4_dequantize (int4_gemv.h):
-// linears over int8 and int4 weights; int4_a8_gemv (int4_a8_gemv.h): int4 weights times int8
-// activations (W4A8) on AVX2.
+// linears over int8 and int4 weights; int4_a8_gemv / int8_a8_gemv (int4_a8_gemv.h,
+// int8_a8_gemv.h): int4 / int8 weights times int8 activations (W4A8, W8A8) on AVX2.
 
 #include <torch/library.h>
 
@@ -49,6 +49,7 @@
 #include "gemv.h"
 #include "grouped_gemv.h"
 #include "int4_a8_gemv.h"
+#include "int8_a8_gemv.h"
 #include "int4_gemv.h"
 #include "int8_gemv.h"
 #include "common.h"
@@ -259,6 +260,7 @@ using hermes_native::pack_experts;
 using hermes_native::int4_a8_gemv;
 using hermes_native::int4_a8_supported;
 using hermes_native::int4_dequantize;
+using hermes_native::int8_a8_gemv;
 using hermes_native::int4_gemv;
 using hermes_native::int4_gemv_supported;
 using hermes_native::int8_dequantize;
@@ -291,6 +293,7 @@ TORCH_LIBRARY(hermes_native, m) {
   m.def("int4_dequantize(Tensor(a!) out, Tensor packed, Tensor scales, Tensor mins) -> ()");
   m.def("int4_a8_supported() -> bool", &int4_a8_supported);
   m.def("int4_a8_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales, Tensor mins) -> ()");
+  m.def("int8_a8_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
@@ -305,4 +308,5 @@ TORCH_LIBRARY_IMPL(hermes_native, CPU, m) {
   m.impl("int4_gemv", &int4_gemv);
   m.impl("int4_dequantize", &int4_dequantize);
   m.impl("int4_a8_gemv", &int4_a8_gemv);
+  m.impl("int8_a8_gemv", &int8_a8_gemv);
 }

@@ -1,0 +1,128 @@
+// int8_a8_gemv: int8 weights times int8 activations (W8A8) on AVX2, for float32 activations:
+// llama.cpp's Q8_0 x Q8_0 byte arithmetic over gemv_packed's int8 pair layout.
+//
+// The activations are quantized as int4_a8_gemv's (int4_a8_gemv.h: blocks of 32 inputs,
+// d = max|x| / 127, q_x = round(x / d)); the weight is int8_gemv's: w[n, k] = q[n, k] *
+// scale[n, g], |q| <= 127 (-128 taken too), groups of 16 (Q6_K's), a multiple of 32 along K,
+// or one per output channel. The product is x^ times the dequantized weight, up to float32 rounding:
+//   y[n] = sum_g scale[n, g] * sum_{b in g} d_b * sum_{k in b} q[n, k] q_x[k],
+// the inner sums exact in int32. Two pair rows (64 bytes: 16 outputs x 4 inputs) interleave to
+// two registers of 8 outputs x 4 bytes; vpmaddubsw takes |q| (unsigned) times q_x carrying q's
+// sign (vpsignb), pairs summed to int16 (at most 2 * 128 * 127 = 32512: no saturation), and
+// vpmaddwd by ones sums each output's two pairs to int32. About 9 instructions per row per 64
+// weights against quant_f32's 16: the rows of a batch cost less than half.
+//   int8_a8_gemv(out [M, N] f32, x [M, K] f32, packed [N / 16, K / 2, 16, 2] int8,
+//                scales [N / 16, K / group, 16] f32): any M, in passes of A8_PASS_ROWS
+//                rows, each reading the weight once; K % 32 == 0; groups of 16, a multiple
+//                of 32, or K.
+#pragma once
+
+#include "common.h"
+#include "int4_a8_gemv.h"
+#include "int8_gemv.h"
+
+namespace hermes_native {
+
+#if defined(__AVX2__) && defined(__FMA__)
+// one block of 16 outputs, M rows from x row 0 of the pass
+template <int M>
+inline void int8_a8_block(const int8_t* w, const float* scales, const int8_t* xq,
+                          const float* xd, int64_t k, int64_t groups, int64_t gp, float* out,
+                          int64_t n, int64_t nb) {
+  const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
+  const int8_t* wb = w + nb * k2 * 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  // acc[m][0]: outputs 0-3 (lane 0) and 8-11 (lane 1); acc[m][1]: 4-7 and 12-15
+  __m256 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  // chunks of one scale each: a weight group (16, 32 or more inputs) within an x block
+  const int64_t chunk = std::min<int64_t>(gp, A8_BLOCK / 2);  // pair rows
+  for (int64_t p0 = 0; p0 < k2; p0 += chunk) {
+    const int64_t at = (nb * groups + p0 / gp) * 16;
+    // the group's scales in the accumulators' order of outputs, times the x block's
+    const __m256 sa = _mm256_loadu_ps(scales + at), sb = _mm256_loadu_ps(scales + at + 8);
+    const __m256 s0 = _mm256_permute2f128_ps(sa, sb, 0x20);  // 0-3, 8-11
+    const __m256 s1 = _mm256_permute2f128_ps(sa, sb, 0x31);  // 4-7, 12-15
+    __m256i sum[M][2];
+    for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm256_setzero_si256();
+    for (int64_t p = p0; p < p0 + chunk; p += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(wb + p * 32 + A8_PREFETCH), _MM_HINT_T0);
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + p * 32));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + p * 32 + 32));
+      // each output's 4 inputs 2p..2p+3 in a 32-bit lane
+      const __m256i u0 = _mm256_unpacklo_epi16(v0, v1);  // outputs 0-3, 8-11
+      const __m256i u1 = _mm256_unpackhi_epi16(v0, v1);  // outputs 4-7, 12-15
+      const __m256i a0 = _mm256_abs_epi8(u0), a1 = _mm256_abs_epi8(u1);
+      for (int m = 0; m < M; ++m) {
+        int32_t four;
+        std::memcpy(&four, xq + m * k + 2 * p, 4);
+        const __m256i xv = _mm256_set1_epi32(four);
+        const __m256i d0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xv, u0));
+        const __m256i d1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xv, u1));
+        sum[m][0] = _mm256_add_epi32(sum[m][0], _mm256_madd_epi16(d0, ones));
+        sum[m][1] = _mm256_add_epi32(sum[m][1], _mm256_madd_epi16(d1, ones));
+      }
+    }
+    const int64_t b = (2 * p0) / A8_BLOCK;
+    for (int m = 0; m < M; ++m) {
+      const __m256 d = _mm256_set1_ps(xd[m * blocks + b]);
+      acc[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][0]), _mm256_mul_ps(d, s0),
+                                  acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][1]), _mm256_mul_ps(d, s1),
+                                  acc[m][1]);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    _mm256_storeu_ps(out + m * n + nb * 16, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20));
+    _mm256_storeu_ps(out + m * n + nb * 16 + 8,
+                     _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31));
+  }
+}
+
+template <int M>
+void int8_a8_blocks(const int8_t* w, const float* scales, const int8_t* xq, const float* xd,
+                    int64_t k, int64_t groups, int64_t gp, float* out, int64_t n, int64_t begin,
+                    int64_t end) {
+  for (int64_t nb = begin; nb < end; ++nb)
+    int8_a8_block<M>(w, scales, xq, xd, k, groups, gp, out, n, nb);
+}
+#endif
+
+inline void int8_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
+                         const at::Tensor& scales) {
+  TORCH_CHECK(int4_a8_supported(), "int8_a8_gemv needs AVX2 and FMA");
+  const auto [n, k, gp] = int8_shape(packed, scales);
+  TORCH_CHECK(k % A8_BLOCK == 0 && (2 * gp == A8_BLOCK / 2 || (2 * gp) % A8_BLOCK == 0),
+              "int8_a8_gemv takes K in multiples of ", A8_BLOCK, " and groups of 16 or a "
+              "multiple of ", A8_BLOCK, " (K = ", k, ", group ", 2 * gp, ")");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat &&
+                  x.size(1) == k,
+              "x must be a contiguous float32 [M, ", k, "]");
+  const int64_t m = x.size(0);
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.dim() == 2 &&
+                  out.size(0) == m && out.size(1) == n,
+              "out must be a contiguous float32 [", m, ", ", n, "]");
+#if defined(__AVX2__) && defined(__FMA__)
+  const int64_t groups = k / (2 * gp), blocks = k / A8_BLOCK, nblocks = n / 16;
+  const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 0);
+  const int8_t* wp = packed.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  for (int64_t r0 = 0; r0 < m; r0 += A8_PASS_ROWS) {
+    const int64_t rows = std::min(A8_PASS_ROWS, m - r0);
+    const int8_t* xq = a.q.data() + r0 * k;
+    const float* xd = a.d.data() + r0 * blocks;
+    float* op = out.data_ptr<float>() + r0 * n;
+    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t begin, int64_t end) {
+      const int64_t b0 = begin * 4, b1 = std::min(nblocks, end * 4);
+      switch (rows) {
+        case 1: int8_a8_blocks<1>(wp, sp, xq, xd, k, groups, gp, op, n, b0, b1); break;
+        case 2: int8_a8_blocks<2>(wp, sp, xq, xd, k, groups, gp, op, n, b0, b1); break;
+        case 3: int8_a8_blocks<3>(wp, sp, xq, xd, k, groups, gp, op, n, b0, b1); break;
+        default: int8_a8_blocks<4>(wp, sp, xq, xd, k, groups, gp, op, n, b0, b1); break;
+      }
+    });
+  }
+#endif
+}
+
+}  // namespace hermes_native

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from hermes_async.config import CacheConfig, ConfigError, ModelConfig
+from hermes_async.model.attention.native_cpu import A8_GEMV_MAX_ROWS
 from hermes_async.model.gguf.directory import prepare_gguf_dir
 from hermes_async.model.gguf.writer import write_gguf
 from hermes_async.model.quant.a8 import BLOCK, dequantize_blocks, quantize_blocks
@@ -151,11 +152,11 @@ def test_the_setting_needs_int8_or_int4_weights():
 
 def _block_quantized_inputs(runner: ModelRunner) -> None:
     """The oracle: ``runner``'s int8 / int4 linears (float activations) handed ``x^`` instead
-    of ``x`` in the steps the int8-activation kernels take (up to the GEMVs' rows, K in whole
-    blocks, the group too or, int8, half a block)."""
+    of ``x`` in the steps the int8-activation kernels take (up to ``A8_GEMV_MAX_ROWS`` rows,
+    K in whole blocks, the group too or, int8, half a block)."""
     ops = runner.model.ops
     plain = ops.quantized_linear
-    most = ops.int4_gemv_max_rows
+    most = A8_GEMV_MAX_ROWS
 
     def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
                          bias: torch.Tensor | None = None) -> torch.Tensor:

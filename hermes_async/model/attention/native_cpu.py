@@ -104,6 +104,10 @@ AMX_GEMV_MAX_ROWS = 8
 # float32 dequantize + matmul up to 128 rows (2048 x 6144 at 64 rows: int8 22-28 ms, int4
 # 25-27, the dequantized matmul 24-32; even at 128; loadtest/bench_quant_kernels.py)
 F32_GEMV_MAX_ROWS = 128
+# the int8-activation GEMVs (AVX2, float32) beat the float32 dequantize + matmul at every row
+# count measured, 1-512 (2048 x 6144 at 512 rows: int8 a8 85 ms, int4 a8 89, the dequantized
+# matmul 90-104; at 128: 15-17 against 27-30; loadtest/bench_quant_kernels.py): prefill chunks too
+A8_GEMV_MAX_ROWS = 512
 
 
 def quantized_gemv_max_rows(features: CpuFeatures,
@@ -208,15 +212,17 @@ class NativeOps:
         rows = x.numel() // k
         tensors = ((weight.values, weight.scales, weight.mins) if int4
                    else (weight.values, weight.scales))
-        if rows > (self.int4_gemv_max_rows if int4 else self.int8_gemv_max_rows):
-            w = self._dequantized(n, k, x.dtype)
-            (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
-            return F.linear(x, w, bias)
-        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
         # W4A8 / W8A8 where asked and admitted: K in whole blocks of 32, the group too (int8:
         # or half a block, Q6_K's)
         a8 = (self._native_int4_a8 if int4 else self._native_int8_a8) and k % A8_BLOCK == 0 and (
             weight.group % A8_BLOCK == 0 or (not int4 and weight.group == A8_BLOCK // 2))
+        most = A8_GEMV_MAX_ROWS if a8 else (self.int4_gemv_max_rows if int4
+                                           else self.int8_gemv_max_rows)
+        if rows > most:
+            w = self._dequantized(n, k, x.dtype)
+            (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
+            return F.linear(x, w, bias)
+        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
         if int4:
             gemv = ops.int4_a8_gemv if a8 else ops.int4_gemv
         else:

@@ -1,13 +1,14 @@
-"""Int8 activations in blocks of 32 (``model.activations = "int8"``): W4A8 decode steps.
+"""Int8 activations in blocks of 32 (``model.activations = "int8"``): W4A8 and W8A8.
 
-Where asked, a decode step's input to an int4 linear is quantized per row in blocks of
-:data:`BLOCK` inputs, as llama.cpp quantizes the activations of its Q4 matmuls: symmetric,
-``d = max|x| / 127`` over the block, ``q = round(x / d)`` (to nearest, ties to even) in
-``[-127, 127]``, an all-zero block ``d = 0``. The kernel (``int4_a8_gemv``, the
-``native-int4-a8`` path) then multiplies the weight's 4-bit integers by these bytes exactly
-and scales the sums: the product is ``x^ = q * d`` times the dequantized weight, up to float32
-rounding. :func:`dequantize_blocks` is ``x^``, the oracle's input; the rounding of up to half a
-step (``max|x| / 254``) per element is this setting's approximation, measured by
+Where asked, the input of an int8 / int4 linear (in steps of up to 512 rows: decodes and
+prefill chunks) is quantized per row in blocks of :data:`BLOCK` inputs, as llama.cpp
+quantizes the activations of its Q8_0 / Q4 matmuls: symmetric, ``d = max|x| / 127`` over the
+block, ``q = round(x / d)`` (to nearest, ties to even) in ``[-127, 127]``, an all-zero block
+``d = 0``. The kernels (``int4_a8_gemv`` / ``int8_a8_gemv``, the ``native-int4-a8`` /
+``native-int8-a8`` paths) then multiply the weight's integers by these bytes exactly and scale
+the sums: the product is ``x^ = q * d`` times the dequantized weight, up to float32 rounding.
+:func:`dequantize_blocks` is ``x^``, the oracle's input; the rounding of up to half a step
+(``max|x| / 254``) per element is this setting's approximation, measured by
 ``loadtest/bench_quant_quality.py``.
 """
 

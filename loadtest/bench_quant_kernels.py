@@ -54,7 +54,7 @@ def candidates(weight: torch.Tensor, dtype: torch.dtype, rows: int,
     if ops.int4_gemv_supported(dtype):
         calls["int4"] = lambda x: ops.int4_gemv(out, x, q4.values, q4.scales, q4.mins)
     calls["int4 deq+mm"] = int4_deq
-    if dtype == torch.float32 and ops.int4_a8_supported():  # int8 activations (quant/a8.py)
+    if dtype == torch.float32 and ops.a8_supported():  # int8 activations (quant/a8.py)
         calls["int8 a8"] = lambda x: ops.int8_a8_gemv(out, x, q8.values, q8.scales)
         if group % 32 == 0:
             calls["int4 a8"] = lambda x: ops.int4_a8_gemv(out, x, q4.values, q4.scales, q4.mins)

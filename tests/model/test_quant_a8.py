@@ -39,7 +39,7 @@ def _a8_kernel() -> bool:
     from hermes_async.model.attention import native
 
     native.load()
-    return bool(torch.ops.hermes_native.int4_a8_supported())
+    return bool(torch.ops.hermes_native.a8_supported())
 
 
 needs_a8 = pytest.mark.skipif(not _a8_kernel(), reason="no W4A8 kernel here (AVX2 and FMA)")

@@ -160,7 +160,7 @@ class NativeOps:
         self._native_moe = moe and ops.grouped_gemv_supported()
         self._native_int8 = int8 and ops.int8_gemv_supported(dtype)
         self._native_int4 = int4 and ops.int4_gemv_supported(dtype)
-        a8 = dtype == torch.float32 and ops.int4_a8_supported()
+        a8 = dtype == torch.float32 and ops.a8_supported()
         self._native_int4_a8 = int4_a8 and self._native_int4 and a8
         self._native_int8_a8 = int8_a8 and self._native_int8 and a8
         self._quantized_dtype = dtype

@@ -376,7 +376,7 @@ def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) ->
 
     native.load()
     ops = torch.ops.hermes_native
-    if shapes.dtype != "float32" or not ops.int4_a8_supported():
+    if shapes.dtype != "float32" or not ops.a8_supported():
         raise NotApplicable(f"int8 activations run in float32 on AVX2 CPUs, not "
                             f"{shapes.dtype} here")
     gen = torch.Generator().manual_seed(31)

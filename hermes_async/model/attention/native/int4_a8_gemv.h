@@ -28,7 +28,7 @@ namespace hermes_native {
 
 constexpr int64_t A8_BLOCK = 32;  // inputs per activation scale
 
-inline bool int4_a8_supported() {
+inline bool a8_supported() {  // int4_a8_gemv and int8_a8_gemv (int8_a8_gemv.h)
 #if defined(__AVX2__) && defined(__FMA__)
   return true;
 #else
@@ -131,18 +131,29 @@ inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mi
   }
 }
 
-template <int M>
-void int4_a8_blocks(const uint8_t* w, const float* scales, const float* mins, const int8_t* xq,
-                    const float* xd, const float* xs, int64_t k, int64_t groups, int64_t gp,
-                    float* out, int64_t n, int64_t begin, int64_t end) {
-  for (int64_t nb = begin; nb < end; ++nb)
-    int4_a8_block<M>(w, scales, mins, xq, xd, xs, k, groups, gp, out, n, nb);
+// The passes of both byte kernels: rows in passes of A8_PASS_ROWS, each pass's blocks of 16
+// outputs split over the threads four at a time; run(rows, r0, first block, end block) with
+// rows a compile-time constant (std::integral_constant) for the kernel's template.
+template <typename Run>
+void a8_passes(int64_t m, int64_t nblocks, const Run& run) {
+  for (int64_t r0 = 0; r0 < m; r0 += A8_PASS_ROWS) {
+    const int64_t rows = std::min(A8_PASS_ROWS, m - r0);
+    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t begin, int64_t end) {
+      const int64_t b0 = begin * 4, b1 = std::min(nblocks, end * 4);
+      switch (rows) {
+        case 1: run(std::integral_constant<int, 1>{}, r0, b0, b1); break;
+        case 2: run(std::integral_constant<int, 2>{}, r0, b0, b1); break;
+        case 3: run(std::integral_constant<int, 3>{}, r0, b0, b1); break;
+        default: run(std::integral_constant<int, 4>{}, r0, b0, b1); break;
+      }
+    });
+  }
 }
 #endif
 
 inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
                          const at::Tensor& scales, const at::Tensor& mins) {
-  TORCH_CHECK(int4_a8_supported(), "int4_a8_gemv needs AVX2 and FMA");
+  TORCH_CHECK(a8_supported(), "int4_a8_gemv needs AVX2 and FMA");
   const auto [n, k, gp] = int4_shape(packed, scales, mins);
   TORCH_CHECK(k % A8_BLOCK == 0 && (2 * gp) % A8_BLOCK == 0, "int4_a8_gemv takes K and the "
               "group in multiples of ", A8_BLOCK, " (K = ", k, ", group ", 2 * gp, ")");
@@ -159,22 +170,12 @@ inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
   const float* zp = mins.data_ptr<float>();
-  for (int64_t r0 = 0; r0 < m; r0 += A8_PASS_ROWS) {
-    const int64_t rows = std::min(A8_PASS_ROWS, m - r0);
-    const int8_t* xq = a.q.data() + r0 * k;
-    const float* xd = a.d.data() + r0 * blocks;
-    const float* xs = a.sums.data() + r0 * groups;
-    float* op = out.data_ptr<float>() + r0 * n;
-    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t begin, int64_t end) {
-      const int64_t b0 = begin * 4, b1 = std::min(nblocks, end * 4);
-      switch (rows) {
-        case 1: int4_a8_blocks<1>(wp, sp, zp, xq, xd, xs, k, groups, gp, op, n, b0, b1); break;
-        case 2: int4_a8_blocks<2>(wp, sp, zp, xq, xd, xs, k, groups, gp, op, n, b0, b1); break;
-        case 3: int4_a8_blocks<3>(wp, sp, zp, xq, xd, xs, k, groups, gp, op, n, b0, b1); break;
-        default: int4_a8_blocks<4>(wp, sp, zp, xq, xd, xs, k, groups, gp, op, n, b0, b1); break;
-      }
-    });
-  }
+  a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb)
+      int4_a8_block<decltype(rows)::value>(wp, sp, zp, a.q.data() + r0 * k,
+                                           a.d.data() + r0 * blocks, a.sums.data() + r0 * groups,
+                                           k, groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
+  });
 #endif
 }
 

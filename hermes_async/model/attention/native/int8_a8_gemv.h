@@ -79,18 +79,11 @@ inline void int8_a8_block(const int8_t* w, const float* scales, const int8_t* xq
   }
 }
 
-template <int M>
-void int8_a8_blocks(const int8_t* w, const float* scales, const int8_t* xq, const float* xd,
-                    int64_t k, int64_t groups, int64_t gp, float* out, int64_t n, int64_t begin,
-                    int64_t end) {
-  for (int64_t nb = begin; nb < end; ++nb)
-    int8_a8_block<M>(w, scales, xq, xd, k, groups, gp, out, n, nb);
-}
 #endif
 
 inline void int8_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
                          const at::Tensor& scales) {
-  TORCH_CHECK(int4_a8_supported(), "int8_a8_gemv needs AVX2 and FMA");
+  TORCH_CHECK(a8_supported(), "int8_a8_gemv needs AVX2 and FMA");
   const auto [n, k, gp] = int8_shape(packed, scales);
   TORCH_CHECK(k % A8_BLOCK == 0 && (2 * gp == A8_BLOCK / 2 || (2 * gp) % A8_BLOCK == 0),
               "int8_a8_gemv takes K in multiples of ", A8_BLOCK, " and groups of 16 or a "
@@ -107,21 +100,11 @@ inline void int8_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 0);
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  for (int64_t r0 = 0; r0 < m; r0 += A8_PASS_ROWS) {
-    const int64_t rows = std::min(A8_PASS_ROWS, m - r0);
-    const int8_t* xq = a.q.data() + r0 * k;
-    const float* xd = a.d.data() + r0 * blocks;
-    float* op = out.data_ptr<float>() + r0 * n;
-    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t begin, int64_t end) {
-      const int64_t b0 = begin * 4, b1 = std::min(nblocks, end * 4);
-      switch (rows) {
-        case 1: int8_a8_blocks<1>(wp, sp, xq, xd, k, groups, gp, op, n, b0, b1); break;
-        case 2: int8_a8_blocks<2>(wp, sp, xq, xd, k, groups, gp, op, n, b0, b1); break;
-        case 3: int8_a8_blocks<3>(wp, sp, xq, xd, k, groups, gp, op, n, b0, b1); break;
-        default: int8_a8_blocks<4>(wp, sp, xq, xd, k, groups, gp, op, n, b0, b1); break;
-      }
-    });
-  }
+  a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb)
+      int8_a8_block<decltype(rows)::value>(wp, sp, a.q.data() + r0 * k, a.d.data() + r0 * blocks,
+                                           k, groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
+  });
 #endif
 }
 

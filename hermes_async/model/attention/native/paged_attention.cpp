@@ -258,7 +258,7 @@ using hermes_native::grouped_gemv_packed;
 using hermes_native::grouped_gemv_supported;
 using hermes_native::pack_experts;
 using hermes_native::int4_a8_gemv;
-using hermes_native::int4_a8_supported;
+using hermes_native::a8_supported;
 using hermes_native::int4_dequantize;
 using hermes_native::int8_a8_gemv;
 using hermes_native::int4_gemv;
@@ -291,7 +291,7 @@ TORCH_LIBRARY(hermes_native, m) {
   m.def("int4_gemv_supported(ScalarType dtype) -> bool", &int4_gemv_supported);
   m.def("int4_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales, Tensor mins) -> ()");
   m.def("int4_dequantize(Tensor(a!) out, Tensor packed, Tensor scales, Tensor mins) -> ()");
-  m.def("int4_a8_supported() -> bool", &int4_a8_supported);
+  m.def("a8_supported() -> bool", &a8_supported);
   m.def("int4_a8_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales, Tensor mins) -> ()");
   m.def("int8_a8_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales) -> ()");
 }

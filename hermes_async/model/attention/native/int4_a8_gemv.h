@@ -151,12 +151,8 @@ void a8_passes(int64_t m, int64_t nblocks, const Run& run) {
 }
 #endif
 
-inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
-                         const at::Tensor& scales, const at::Tensor& mins) {
-  TORCH_CHECK(a8_supported(), "int4_a8_gemv needs AVX2 and FMA");
-  const auto [n, k, gp] = int4_shape(packed, scales, mins);
-  TORCH_CHECK(k % A8_BLOCK == 0 && (2 * gp) % A8_BLOCK == 0, "int4_a8_gemv takes K and the "
-              "group in multiples of ", A8_BLOCK, " (K = ", k, ", group ", 2 * gp, ")");
+// M of x [M, K] float32 and out [M, N] float32 (contiguous), checked
+inline int64_t a8_rows(const at::Tensor& out, const at::Tensor& x, int64_t n, int64_t k) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat &&
                   x.size(1) == k,
               "x must be a contiguous float32 [M, ", k, "]");
@@ -164,6 +160,16 @@ inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.dim() == 2 &&
                   out.size(0) == m && out.size(1) == n,
               "out must be a contiguous float32 [", m, ", ", n, "]");
+  return m;
+}
+
+inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
+                         const at::Tensor& scales, const at::Tensor& mins) {
+  TORCH_CHECK(a8_supported(), "int4_a8_gemv needs AVX2 and FMA");
+  const auto [n, k, gp] = int4_shape(packed, scales, mins);
+  TORCH_CHECK(k % A8_BLOCK == 0 && (2 * gp) % A8_BLOCK == 0, "int4_a8_gemv takes K and the "
+              "group in multiples of ", A8_BLOCK, " (K = ", k, ", group ", 2 * gp, ")");
+  const int64_t m = a8_rows(out, x, n, k);
 #if defined(__AVX2__) && defined(__FMA__)
   const int64_t groups = k / (2 * gp), blocks = k / A8_BLOCK, nblocks = n / 16;
   const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 2 * gp);

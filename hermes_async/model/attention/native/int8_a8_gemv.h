@@ -88,13 +88,7 @@ inline void int8_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   TORCH_CHECK(k % A8_BLOCK == 0 && (2 * gp == A8_BLOCK / 2 || (2 * gp) % A8_BLOCK == 0),
               "int8_a8_gemv takes K in multiples of ", A8_BLOCK, " and groups of 16 or a "
               "multiple of ", A8_BLOCK, " (K = ", k, ", group ", 2 * gp, ")");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat &&
-                  x.size(1) == k,
-              "x must be a contiguous float32 [M, ", k, "]");
-  const int64_t m = x.size(0);
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.dim() == 2 &&
-                  out.size(0) == m && out.size(1) == n,
-              "out must be a contiguous float32 [", m, ", ", n, "]");
+  const int64_t m = a8_rows(out, x, n, k);
 #if defined(__AVX2__) && defined(__FMA__)
   const int64_t groups = k / (2 * gp), blocks = k / A8_BLOCK, nblocks = n / 16;
   const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 0);

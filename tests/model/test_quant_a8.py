@@ -2,7 +2,7 @@
 
 Oracles: float64 of the dequantized weight times the block-quantized activations
 (:func:`hermes_async.model.quant.a8.dequantize_blocks`, itself checked against its definition)
-for ``int4_a8_gemv`` and ``int8_a8_gemv`` on the supported models' linear shapes, 1-64 rows,
+for ``int4_a8_gemv`` and ``int8_a8_gemv`` on the supported models' linear shapes, 1-131 rows,
 the groups each scheme brings; and, for whole runners (int8, int4 and a GGUF's Q4_0 blocks),
 the same runner with float
 activations whose int4 linears are handed the block-quantized activations instead: the greedy
@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from hermes_async.config import CacheConfig, ConfigError, ModelConfig
-from hermes_async.model.attention.native_cpu import A8_GEMV_MAX_ROWS
 from hermes_async.model.gguf.directory import prepare_gguf_dir
 from hermes_async.model.gguf.writer import write_gguf
 from hermes_async.model.quant.a8 import BLOCK, dequantize_blocks, quantize_blocks
@@ -30,7 +29,7 @@ from tests.tiny_models import make_tiny_model, make_tiny_tokenizer
 A8 = {"int4": "native-int4-a8", "int8": "native-int8-a8", "gguf": "native-int4-a8"}
 SHAPES = [(16, 32), (48, 64), (960, 576), (576, 1536), (1536, 576), (4096, 1024),
           (2048, 6144), (272, 256)]
-ROW_COUNTS = [1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64]
+ROW_COUNTS = [1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64, 67, 131]  # tiles of 64 rows
 
 
 def _a8_kernel() -> bool:
@@ -152,11 +151,10 @@ def test_the_setting_needs_int8_or_int4_weights():
 
 def _block_quantized_inputs(runner: ModelRunner) -> None:
     """The oracle: ``runner``'s int8 / int4 linears (float activations) handed ``x^`` instead
-    of ``x`` in the steps the int8-activation kernels take (up to ``A8_GEMV_MAX_ROWS`` rows,
-    K in whole blocks, the group too or, int8, half a block)."""
+    of ``x`` in the steps the int8-activation kernels take (any number of rows, K in whole
+    blocks, the group too or, int8, half a block)."""
     ops = runner.model.ops
     plain = ops.quantized_linear
-    most = A8_GEMV_MAX_ROWS
 
     def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -164,7 +162,7 @@ def _block_quantized_inputs(runner: ModelRunner) -> None:
         rows = x.numel() // k
         group_fits = weight.group % BLOCK == 0 or (weight.scheme == "int8"
                                                    and weight.group == BLOCK // 2)
-        if rows <= most and k % BLOCK == 0 and group_fits:
+        if k % BLOCK == 0 and group_fits:
             x = dequantize_blocks(x.reshape(rows, k)).float().view(x.shape)
         return plain(x, weight, bias)
 

@@ -105,9 +105,9 @@ AMX_GEMV_MAX_ROWS = 8
 # 25-27, the dequantized matmul 24-32; even at 128; loadtest/bench_quant_kernels.py)
 F32_GEMV_MAX_ROWS = 128
 # the int8-activation GEMVs (AVX2, float32) beat the float32 dequantize + matmul at every row
-# count measured, 1-512 (2048 x 6144 at 512 rows: int8 a8 85 ms, int4 a8 89, the dequantized
-# matmul 90-104; at 128: 15-17 against 27-30; loadtest/bench_quant_kernels.py): prefill chunks too
-A8_GEMV_MAX_ROWS = 512
+# count measured, 1-1024 (2048 x 6144 at 1024 rows: 118-126 ms against the dense float32
+# matmul's 188-203; at 128: 15 against 27-30; loadtest/bench_quant_kernels.py): so they take
+# every step where they are asked for, prefills too (no row limit)
 
 
 def quantized_gemv_max_rows(features: CpuFeatures,
@@ -216,9 +216,8 @@ class NativeOps:
         # or half a block, Q6_K's)
         a8 = (self._native_int4_a8 if int4 else self._native_int8_a8) and k % A8_BLOCK == 0 and (
             weight.group % A8_BLOCK == 0 or (not int4 and weight.group == A8_BLOCK // 2))
-        most = A8_GEMV_MAX_ROWS if a8 else (self.int4_gemv_max_rows if int4
-                                           else self.int8_gemv_max_rows)
-        if rows > most:
+        most = self.int4_gemv_max_rows if int4 else self.int8_gemv_max_rows
+        if rows > most and not a8:
             w = self._dequantized(n, k, x.dtype)
             (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
             return F.linear(x, w, bias)

@@ -10,15 +10,19 @@
 //                  + min[n, g] * sum_{b in g} d_b * sum_{k in b} q_x[k] ),
 // the inner sums exact in integers (vpmaddubsw: unsigned nibble times signed byte, pairs
 // summed to int16, at most 2 * 15 * 127 = 3810, so 8 such steps of a 32-input block fit
-// int16 before they widen to int32). Two pair rows (32 bytes: 16 outputs x 4 inputs) widen
-// to two registers of 8 outputs x 4 nibble bytes, each multiplied by the 4 activation bytes
-// (the row's k..k+3, spread to the two lanes), so a weight costs about a sixth of an
-// instruction against quant_f32's half at one row, and the activations' bytes are reused by
-// every output. The approximation beyond the weight's own is the activations' rounding, up
-// to half a step (max|x| / 254) per element: measured by loadtest/bench_quant_quality.py.
+// int16 before they widen to int32). Two pair rows (32 bytes: 16 outputs x 4 inputs) are
+// rearranged in registers (vpermq + vpshufb, then the nibbles split and interleaved) so that
+// each 32-bit lane holds one output's 4 nibbles in input order: the row's 4 activation bytes
+// then need only a broadcast, and the rearrangement is paid once for all the pass's rows. A
+// weight costs about a sixth of an instruction against quant_f32's half at one row, and the
+// activations' bytes are reused by every output. The activations are quantized by the threads,
+// 8 floats at a time (the same division and rounding as the scalar definition). The
+// approximation beyond the weight's own is the activations' rounding, up to half a step
+// (max|x| / 254) per element: measured by loadtest/bench_quant_quality.py.
 //   int4_a8_gemv(out [M, N] f32, x [M, K] f32, packed [N / 16, K / 2, 16] uint8,
-//                scales, mins [N / 16, K / group, 16] f32): any M, in passes of
-//                A8_PASS_ROWS rows, each reading the weight once; K % 32 == 0, group % 32 == 0.
+//                scales, mins [N / 16, K / group, 16] f32): any M, in tiles of A8_TILE_ROWS
+//                rows, each reading the weight once (passes of A8_PASS_ROWS over a block of
+//                16 outputs held in cache); K % 32 == 0, group % 32 == 0.
 #pragma once
 
 #include "common.h"
@@ -43,27 +47,73 @@ struct A8Activations {
   std::vector<float> d, sums;
 };
 
+// one block of 32: q_x into qb, returns d; *total = the sum of q_x
+inline float quantize_a8_block(const float* xb, int8_t* qb, int32_t* total) {
+#if defined(__AVX2__)
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 v[4], m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(xb + 8 * i);
+    m = _mm256_max_ps(m, _mm256_and_ps(v[i], magnitude));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float d = _mm_cvtss_f32(h) / 127.0f;
+  if (d == 0.0f) {
+    std::memset(qb, 0, A8_BLOCK);
+    *total = 0;
+    return d;
+  }
+  // x / d rounded to nearest, ties to even: the scalar path's std::nearbyint, exactly
+  const __m256 dv = _mm256_set1_ps(d);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i)
+    q[i] = _mm256_min_epi32(hi, _mm256_max_epi32(lo, _mm256_cvtps_epi32(_mm256_round_ps(
+                                _mm256_div_ps(v[i], dv), _MM_FROUND_TO_NEAREST_INT |
+                                                         _MM_FROUND_NO_EXC))));
+  const __m256i sum4 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  *total = _mm_cvtsi128_si32(t);
+  // int32 -> int8 packs work per 128-bit lane: put the 32 bytes back in order
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
+                      _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return d;
+#else
+  float amax = 0.0f;
+  for (int64_t i = 0; i < A8_BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+  const float d = amax / 127.0f;
+  int32_t sum = 0;
+  for (int64_t i = 0; i < A8_BLOCK; ++i) {
+    const int32_t v = d == 0.0f ? 0 : static_cast<int32_t>(std::nearbyint(xb[i] / d));
+    qb[i] = static_cast<int8_t>(std::clamp(v, -127, 127));
+    sum += qb[i];
+  }
+  *total = sum;
+  return d;
+#endif
+}
+
 inline A8Activations quantize_a8(const float* x, int64_t m, int64_t k, int64_t group) {
   const int64_t blocks = k / A8_BLOCK, per_group = group / A8_BLOCK;
   const int64_t groups = group ? k / group : 0;
   A8Activations a{std::vector<int8_t>(m * k), std::vector<float>(m * blocks),
                   std::vector<float>(m * groups, 0.0f)};
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float* xb = x + r * k + b * A8_BLOCK;
-      float amax = 0.0f;
-      for (int64_t i = 0; i < A8_BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
-      const float d = amax / 127.0f;
-      int8_t* qb = a.q.data() + r * k + b * A8_BLOCK;
-      int32_t total = 0;
-      for (int64_t i = 0; i < A8_BLOCK; ++i) {
-        const int32_t v = d == 0.0f ? 0 : static_cast<int32_t>(std::nearbyint(xb[i] / d));
-        qb[i] = static_cast<int8_t>(std::clamp(v, -127, 127));
-        total += qb[i];
+  // rows over the threads: a prefill step's activations are megabytes
+  at::parallel_for(0, m, std::max<int64_t>(1, 16384 / k), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t total = 0;
+        const float d = quantize_a8_block(x + r * k + b * A8_BLOCK,
+                                          a.q.data() + r * k + b * A8_BLOCK, &total);
+        a.d[r * blocks + b] = d;
+        if (group) a.sums[r * groups + b / per_group] += d * static_cast<float>(total);
       }
-      a.d[r * blocks + b] = d;
-      if (group) a.sums[r * groups + b / per_group] += d * static_cast<float>(total);
-    }
+  });
   return a;
 }
 
@@ -79,29 +129,38 @@ inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mi
   const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
   const uint8_t* wb = w + nb * k2 * 16;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
-  // lane 0 takes activation bytes 0, 1 (inputs 2p, 2p + 1), lane 1 bytes 2, 3
-  const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  const __m256i ones = _mm256_set1_epi16(1);
+  // after vpermq 0xD8, each lane's pair-p bytes (0-7) interleaved with its pair-p+1 bytes (8-15)
+  const __m256i weave = _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
+                                         0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  // acc[m][0]: outputs 0-3 (lane 0) and 8-11 (lane 1); acc[m][1]: 4-7 and 12-15
   __m256 acc[M][2];
   for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t at = (nb * groups + g) * 16;
-    const __m256 s0 = _mm256_loadu_ps(scales + at), s1 = _mm256_loadu_ps(scales + at + 8);
+    const __m256 sa = _mm256_loadu_ps(scales + at), sb = _mm256_loadu_ps(scales + at + 8);
+    const __m256 s0 = _mm256_permute2f128_ps(sa, sb, 0x20);  // 0-3, 8-11
+    const __m256 s1 = _mm256_permute2f128_ps(sa, sb, 0x31);  // 4-7, 12-15
     for (int64_t p0 = g * gp; p0 < (g + 1) * gp; p0 += A8_BLOCK / 2) {  // one x block
       __m256i sum[M][2];
       for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm256_setzero_si256();
       for (int64_t p = p0; p < p0 + A8_BLOCK / 2; p += 2) {
         if ((p & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(wb + p * 16 + A8_PREFETCH),
                                        _MM_HINT_T0);
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + p * 16));
+        // pair rows p, p + 1 rearranged so that each 32-bit lane is one output's 4 nibbles,
+        // inputs 2p..2p+3 in order: the row's activations then need only a broadcast
+        const __m256i v = _mm256_shuffle_epi8(
+            _mm256_permute4x64_epi64(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + p * 16)), 0xD8),
+            weave);
         const __m256i lo = _mm256_and_si256(v, nibble);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        const __m256i u0 = _mm256_unpacklo_epi8(lo, hi);  // outputs 0-7 x inputs 2p..2p+3
-        const __m256i u1 = _mm256_unpackhi_epi8(lo, hi);  // outputs 8-15
+        const __m256i u0 = _mm256_unpacklo_epi8(lo, hi);  // outputs 0-3, 8-11
+        const __m256i u1 = _mm256_unpackhi_epi8(lo, hi);  // outputs 4-7, 12-15
         for (int m = 0; m < M; ++m) {
           int32_t four;
           std::memcpy(&four, xq + m * k + 2 * p, 4);
-          const __m256i a = _mm256_shuffle_epi8(_mm256_set1_epi32(four), spread);
+          const __m256i a = _mm256_set1_epi32(four);
           sum[m][0] = _mm256_add_epi16(sum[m][0], _mm256_maddubs_epi16(u0, a));
           sum[m][1] = _mm256_add_epi16(sum[m][1], _mm256_maddubs_epi16(u1, a));
         }
@@ -109,16 +168,15 @@ inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mi
       const int64_t b = (2 * p0) / A8_BLOCK;
       for (int m = 0; m < M; ++m) {
         const __m256 d = _mm256_set1_ps(xd[m * blocks + b]);
-        for (int h = 0; h < 2; ++h) {
-          const __m256i i32 = _mm256_add_epi32(
-              _mm256_cvtepi16_epi32(_mm256_castsi256_si128(sum[m][h])),
-              _mm256_cvtepi16_epi32(_mm256_extracti128_si256(sum[m][h], 1)));
-          acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32),
-                                      _mm256_mul_ps(d, h ? s1 : s0), acc[m][h]);
-        }
+        acc[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum[m][0], ones)),
+                                    _mm256_mul_ps(d, s0), acc[m][0]);
+        acc[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum[m][1], ones)),
+                                    _mm256_mul_ps(d, s1), acc[m][1]);
       }
     }
-    const __m256 z0 = _mm256_loadu_ps(mins + at), z1 = _mm256_loadu_ps(mins + at + 8);
+    const __m256 za = _mm256_loadu_ps(mins + at), zb = _mm256_loadu_ps(mins + at + 8);
+    const __m256 z0 = _mm256_permute2f128_ps(za, zb, 0x20);
+    const __m256 z1 = _mm256_permute2f128_ps(za, zb, 0x31);
     for (int m = 0; m < M; ++m) {
       const __m256 t = _mm256_set1_ps(xs[m * groups + g]);
       acc[m][0] = _mm256_fmadd_ps(t, z0, acc[m][0]);
@@ -126,26 +184,33 @@ inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mi
     }
   }
   for (int m = 0; m < M; ++m) {
-    _mm256_storeu_ps(out + m * n + nb * 16, acc[m][0]);
-    _mm256_storeu_ps(out + m * n + nb * 16 + 8, acc[m][1]);
+    _mm256_storeu_ps(out + m * n + nb * 16, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20));
+    _mm256_storeu_ps(out + m * n + nb * 16 + 8,
+                     _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31));
   }
 }
 
-// The passes of both byte kernels: rows in passes of A8_PASS_ROWS, each pass's blocks of 16
-// outputs split over the threads four at a time; run(rows, r0, first block, end block) with
-// rows a compile-time constant (std::integral_constant) for the kernel's template.
+// The passes of both byte kernels: rows in tiles of A8_TILE_ROWS (their int8 activations
+// stay in L2), each tile's blocks of 16 outputs split over the threads four at a time, and each
+// block run over the tile's rows in passes of A8_PASS_ROWS while its weights stay in L1 / L2, so
+// the weight streams from memory once per tile, not once per pass. run(rows, r0, nb) with rows
+// a compile-time constant (std::integral_constant) for the kernel's template.
+constexpr int64_t A8_TILE_ROWS = 64;
+
 template <typename Run>
 void a8_passes(int64_t m, int64_t nblocks, const Run& run) {
-  for (int64_t r0 = 0; r0 < m; r0 += A8_PASS_ROWS) {
-    const int64_t rows = std::min(A8_PASS_ROWS, m - r0);
+  for (int64_t t0 = 0; t0 < m; t0 += A8_TILE_ROWS) {
+    const int64_t t1 = std::min(m, t0 + A8_TILE_ROWS);
     at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t begin, int64_t end) {
-      const int64_t b0 = begin * 4, b1 = std::min(nblocks, end * 4);
-      switch (rows) {
-        case 1: run(std::integral_constant<int, 1>{}, r0, b0, b1); break;
-        case 2: run(std::integral_constant<int, 2>{}, r0, b0, b1); break;
-        case 3: run(std::integral_constant<int, 3>{}, r0, b0, b1); break;
-        default: run(std::integral_constant<int, 4>{}, r0, b0, b1); break;
-      }
+      for (int64_t nb = begin * 4; nb < std::min(nblocks, end * 4); ++nb)
+        for (int64_t r0 = t0; r0 < t1; r0 += A8_PASS_ROWS) {
+          switch (std::min(A8_PASS_ROWS, t1 - r0)) {
+            case 1: run(std::integral_constant<int, 1>{}, r0, nb); break;
+            case 2: run(std::integral_constant<int, 2>{}, r0, nb); break;
+            case 3: run(std::integral_constant<int, 3>{}, r0, nb); break;
+            default: run(std::integral_constant<int, A8_PASS_ROWS>{}, r0, nb); break;
+          }
+        }
     });
   }
 }
@@ -176,11 +241,10 @@ inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
   const float* zp = mins.data_ptr<float>();
-  a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb)
-      int4_a8_block<decltype(rows)::value>(wp, sp, zp, a.q.data() + r0 * k,
-                                           a.d.data() + r0 * blocks, a.sums.data() + r0 * groups,
-                                           k, groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
+  a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t nb) {
+    int4_a8_block<decltype(rows)::value>(wp, sp, zp, a.q.data() + r0 * k, a.d.data() + r0 * blocks,
+                                         a.sums.data() + r0 * groups, k, groups, gp,
+                                         out.data_ptr<float>() + r0 * n, n, nb);
   });
 #endif
 }

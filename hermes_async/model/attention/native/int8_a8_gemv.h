@@ -12,9 +12,9 @@
 // vpmaddwd by ones sums each output's two pairs to int32. About 9 instructions per row per 64
 // weights against quant_f32's 16: the rows of a batch cost less than half.
 //   int8_a8_gemv(out [M, N] f32, x [M, K] f32, packed [N / 16, K / 2, 16, 2] int8,
-//                scales [N / 16, K / group, 16] f32): any M, in passes of A8_PASS_ROWS
-//                rows, each reading the weight once; K % 32 == 0; groups of 16, a multiple
-//                of 32, or K.
+//                scales [N / 16, K / group, 16] f32): any M, in int4_a8_gemv's tiles
+//                of A8_TILE_ROWS rows, each reading the weight once; K % 32 == 0;
+//                groups of 16, a multiple of 32, or K.
 #pragma once
 
 #include "common.h"
@@ -94,10 +94,9 @@ inline void int8_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 0);
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb)
-      int8_a8_block<decltype(rows)::value>(wp, sp, a.q.data() + r0 * k, a.d.data() + r0 * blocks,
-                                           k, groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
+  a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t nb) {
+    int8_a8_block<decltype(rows)::value>(wp, sp, a.q.data() + r0 * k, a.d.data() + r0 * blocks, k,
+                                         groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
   });
 #endif
 }

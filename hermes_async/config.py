@@ -69,14 +69,14 @@ class ModelConfig:
         (``native-int8``, ``native-int4``: bfloat16 on AVX512-BF16 CPUs; ``onednn-w8a8``:
         vLLM's oneDNN int8 matmul) are probed like the others; where refused or absent, the
         reference runs (weights dequantized per call: correct, slow).
-    activations: the inputs of int8 / int4 linears in steps of up to 512 rows: ``float``
+    activations: the inputs of int8 / int4 linears in every step: ``float``
         (as computed) or ``int8`` (quantized per row in blocks of 32 inputs, symmetric, as llama.cpp
         quantizes those of its Q8_0 / Q4 matmuls: ``hermes_async.model.quant.a8``),
         multiplied by the weights' integers in bytes (the ``native-int4-a8`` and
         ``native-int8-a8`` paths, probed like the others: float32 on AVX2 CPUs, about 2x the
-        float32 GEMVs; elsewhere the activations stay float, as the log says). Steps of more
-        than 512 rows (long prefill chunks) stay float. Needs ``int8``, ``int4``,
-        ``int4-g128`` or ``gguf``.
+        float32 GEMVs, and about 1.5x the float32 matmul at prefill sizes; elsewhere the
+        activations stay float, as the log says). Needs ``int8``, ``int4``, ``int4-g128`` or
+        ``gguf``.
     cuda_graphs: capture CUDA graphs of decode batches at start-up and replay them (CUDA with
         the ``flashinfer`` backend only; no effect elsewhere): see
         ``hermes_async.model.cuda_graphs``. Off by default until it has run on a GPU.

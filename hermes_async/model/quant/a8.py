@@ -1,7 +1,7 @@
 """Int8 activations in blocks of 32 (``model.activations = "int8"``): W4A8 and W8A8.
 
-Where asked, the input of an int8 / int4 linear (in steps of up to 512 rows: decodes and
-prefill chunks) is quantized per row in blocks of :data:`BLOCK` inputs, as llama.cpp
+Where asked, the input of an int8 / int4 linear (in every step: decodes and prefill
+chunks) is quantized per row in blocks of :data:`BLOCK` inputs, as llama.cpp
 quantizes the activations of its Q8_0 / Q4 matmuls: symmetric, ``d = max|x| / 127`` over the
 block, ``q = round(x / d)`` (to nearest, ties to even) in ``[-127, 127]``, an all-zero block
 ``d = 0``. The kernels (``int4_a8_gemv`` / ``int8_a8_gemv``, the ``native-int4-a8`` /

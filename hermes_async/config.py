@@ -434,6 +434,47 @@ class RayConfig:
         return self.autoscale_min_replicas is not None
 
 
+SPECULATIVE_METHODS = ("off", "ngram")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding: tokens proposed for a decode and verified in the same forward.
+
+    method: ``off`` or ``ngram`` (prompt lookup: the longest suffix of the sequence, prompt and
+        output, of ``min_n..max_n`` tokens that occurred earlier in it proposes the tokens that
+        followed its latest occurrence). The target samples every drafted position with the
+        normal sampler and keeps them while each sample equals the draft, plus the first that
+        does not: greedy output is the same as without, sampled output has the same
+        distribution.
+    num_tokens: most tokens drafted per sequence and step.
+    min_n, max_n: the lengths of the suffix looked up.
+    max_batch_seqs: drafting stops while more sequences than this decode (under load the
+        forward is compute-bound and drafts cost more than they save).
+    """
+
+    method: str = "off"
+    num_tokens: int = 4
+    min_n: int = 2
+    max_n: int = 4
+    max_batch_seqs: int = 8
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ConfigError(f"speculative.method must be one of "
+                              f"{', '.join(SPECULATIVE_METHODS)}, not {self.method!r}")
+        if self.num_tokens < 1:
+            raise ConfigError("speculative.num_tokens must be at least 1")
+        if not 1 <= self.min_n <= self.max_n:
+            raise ConfigError("speculative: 1 <= min_n <= max_n must hold")
+        if self.max_batch_seqs < 1:
+            raise ConfigError("speculative.max_batch_seqs must be at least 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "off"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything an engine needs; sections mirror ``configs/default.toml``."""
@@ -444,6 +485,7 @@ class EngineConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     structured: StructuredConfig = field(default_factory=StructuredConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def replace(self, **sections: Any) -> EngineConfig:
         """Return a copy with whole sections or ``section.key`` overrides replaced.

@@ -120,6 +120,18 @@ class EngineMetrics:
                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
         self.step_seconds = Histogram("hermes_step_seconds", "Forward step wall time",
                                       buckets=LATENCY_BUCKETS, registry=r)
+        # speculative decoding, with vLLM's meanings: a draft is one sequence's proposal in one
+        # step; accepted tokens are the drafted tokens verification kept
+        self.spec_drafts = Counter("hermes_spec_decode_num_drafts",
+                                   "Speculative drafts verified", registry=r)
+        self.spec_draft_tokens = Counter("hermes_spec_decode_num_draft_tokens",
+                                         "Drafted tokens verified", registry=r)
+        self.spec_accepted_tokens = Counter("hermes_spec_decode_num_accepted_tokens",
+                                            "Drafted tokens accepted", registry=r)
+        self.spec_accepted_per_pos = Counter(
+            "hermes_spec_decode_num_accepted_tokens_per_pos",
+            "Drafted tokens accepted, by their position in the draft (0: first)", ["position"],
+            registry=r)
 
         self._cache_figures: CacheFigures | None = None
         self._grammar_figures: GrammarFigures | None = None

@@ -92,12 +92,18 @@ class SequenceStep:
         the pool at those blocks.
     token_ids: the new tokens to compute; their K/V are written into the pool by this step.
     sampling: set when this step reaches the sequence's last token: its logits are sampled.
+    draft_sampling: speculative decoding: the last ``len(draft_sampling)`` of ``token_ids``
+        are drafted tokens, not yet verified; the logits after each are sampled too, draft
+        ``i``'s with ``draft_sampling[i]`` (``sampling`` samples the position before the
+        first draft). The runner keeps the samples while each equals the draft it follows
+        (:func:`accepted_samples`). Needs ``sampling``.
     """
 
     block_table: tuple[int, ...]
     start_pos: int
     token_ids: tuple[int, ...]
     sampling: SamplingRequest | None = None
+    draft_sampling: tuple[SamplingRequest, ...] = ()
 
     @property
     def is_decode(self) -> bool:
@@ -113,6 +119,15 @@ class SequenceStep:
         return len(self.token_ids)
 
     @property
+    def num_drafts(self) -> int:
+        return len(self.draft_sampling)
+
+    @property
+    def num_sampled(self) -> int:
+        """Positions whose logits this step samples: 0, or 1 plus the drafts."""
+        return 0 if self.sampling is None else 1 + self.num_drafts
+
+    @property
     def context_len(self) -> int:
         """Tokens attended by the last new token (cached prefix plus new tokens)."""
         return self.start_pos + len(self.token_ids)
@@ -120,11 +135,38 @@ class SequenceStep:
 
 @dataclass(frozen=True, slots=True)
 class SampledToken:
-    """The token chosen for one step, with its logprob and top alternatives when asked."""
+    """The token chosen for one step, with its logprob and top alternatives when asked.
+
+    following: after a step with drafts, the tokens verification kept after this one, in
+    order (each the target's own sample at its position; see :func:`accepted_samples`).
+    """
 
     token_id: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    following: tuple[SampledToken, ...] = ()
+
+    @property
+    def tokens(self) -> tuple[SampledToken, ...]:
+        """This token and the ones verification kept after it."""
+        return (self, *self.following)
+
+
+def accepted_samples(drafts: Sequence[int], samples: Sequence[SampledToken]) -> SampledToken:
+    """The one acceptance rule of speculative decoding: ``samples[0]`` is the target's sample
+    at the position before the first draft, ``samples[i]`` the one after draft ``i - 1``
+    (``len(samples) == len(drafts) + 1``). Sample ``i`` is kept while every earlier sample
+    equals the draft that follows it: the kept tokens are exactly what sampling one token per
+    step would have produced with these draws, so greedy output is unchanged and sampled
+    output keeps its distribution (the drafts do not depend on the draws)."""
+    if len(samples) != len(drafts) + 1:
+        raise ValueError(f"{len(samples)} samples for {len(drafts)} drafts")
+    kept = 1
+    while kept < len(samples) and samples[kept - 1].token_id == drafts[kept - 1]:
+        kept += 1
+    first = samples[0]
+    return SampledToken(first.token_id, first.logprob, first.top_logprobs,
+                        tuple(samples[1:kept]))
 
 
 class StepRunner(Protocol):

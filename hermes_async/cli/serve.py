@@ -40,6 +40,10 @@ def register(subparsers: Any) -> None:
                        help="int8: int8 / int4 linears' decode inputs quantized to int8 in "
                             "blocks of 32 (llama.cpp's Q8_0 / Q4 arithmetic; "
                             "model.activations)")
+    serve.add_argument("--speculative", default=None, choices=config_mod.SPECULATIVE_METHODS,
+                       help="ngram: decodes draft the tokens that followed an earlier "
+                            "occurrence of their suffix, verified in the same step "
+                            "([speculative] in the config)")
     serve.add_argument("--api-key", default=None, help="require this key (tenant 'default')")
     serve.add_argument("--replicas", type=int, default=None,
                        help="N >= 2 engine replicas behind one endpoint on Ray Serve (the "
@@ -83,7 +87,10 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
         ray["replicas"] = args.replicas
     if args.ray_address:
         ray["address"] = args.ray_address
-    return cfg.replace(model=model, server=server, ray=ray)
+    speculative: dict[str, Any] = {}
+    if getattr(args, "speculative", None):
+        speculative["method"] = args.speculative
+    return cfg.replace(model=model, server=server, ray=ray, speculative=speculative)
 
 
 RAY_MISSING = ("hermes-async: --replicas/--ray/--ray-address serve on Ray Serve, which is not "

@@ -25,6 +25,7 @@ from enum import Enum
 from hermes_async.cache.manager import KVCacheManager
 from hermes_async.cache.pins import PinLimitError
 from hermes_async.config import EngineConfig
+from hermes_async.engine.ngram import NgramIndex
 from hermes_async.engine.parts import OutputTextFactory
 from hermes_async.engine.request import (
     GRAMMAR_REJECTED,
@@ -33,7 +34,7 @@ from hermes_async.engine.request import (
     Sequence,
     TokenLogprob,
 )
-from hermes_async.engine.scheduler import ScheduledBatch, Scheduler
+from hermes_async.engine.scheduler import Drafting, ScheduledBatch, Scheduler
 from hermes_async.metrics import EngineMetrics
 from hermes_async.observe.cache_observer import CacheObserver
 from hermes_async.step import SampledToken, SamplingRequest, StepRunner, min_tokens_ban
@@ -115,7 +116,10 @@ class EngineCore:
             log.warning("max_model_len capped to %d tokens by the KV pool (%s: %d blocks of %d "
                         "tokens; the model's context is %d)", self.max_model_len, budget,
                         runner.num_blocks, runner.block_size, runner.max_model_len)
-        self.scheduler = Scheduler(config.scheduler, self.cache, self._sampling_request)
+        spec = config.speculative
+        drafting = Drafting(self._propose, spec.max_batch_seqs) if spec.enabled else None
+        self.scheduler = Scheduler(config.scheduler, self.cache, self._sampling_request,
+                                   drafting=drafting)
         self.requests: dict[str, EngineRequest] = {}
         self._deferred: list[PendingToken] = []  # committed, not emitted yet (commit order)
 
@@ -177,14 +181,23 @@ class EngineCore:
         self.metrics.step_seconds.observe(seconds)
         self.metrics.step_tokens.observe(batch.num_tokens)
         self.metrics.step_seqs.observe(len(batch.steps))
-        tokens = [None if r is None else r.token_id for r in results]
+        tokens = [None if r is None else tuple(t.token_id for t in r.tokens) for r in results]
         for i in self.scheduler.update_from_output(batch, tokens):
-            sampled, seq = results[i], batch.seqs[i]
+            sampled, seq, step = results[i], batch.seqs[i], batch.steps[i]
             assert sampled is not None
-            end = self._token_end(seq, sampled.token_id)
-            if end is not None:
-                self._retire(seq, pin=True)  # reason stop or length: a warm-up pins
-            self._deferred.append(PendingToken(seq, sampled, end))
+            new = sampled.tokens
+            if step.num_drafts:
+                self._count_drafts(step.num_drafts, len(new) - 1)
+            before = len(seq.tokens) - len(new)
+            for j, one in enumerate(new):
+                end = self._token_end(seq, one.token_id, before + j + 1)
+                if end is not None:  # the tokens verification kept after it are dropped
+                    del seq.tokens[before + j + 1:]
+                    seq.num_computed = min(seq.num_computed, len(seq.tokens))
+                    self._retire(seq, pin=True)  # reason stop or length: a warm-up pins
+                self._deferred.append(PendingToken(seq, one, end))
+                if end is not None:
+                    break
         self.update_gauges()
 
     def emit_deferred(self) -> None:
@@ -227,15 +240,50 @@ class EngineCore:
             self.metrics.pruned_nodes.inc(pruned)
 
     # ----- internals --------------------------------------------------------------------------
-    def _sampling_request(self, seq: Sequence) -> SamplingRequest:
+    def _sampling_request(self, seq: Sequence, ahead: tuple[int, ...] = ()) -> SamplingRequest:
+        """``seq``'s sampling inputs for its next token, or, with ``ahead`` (drafted tokens),
+        for the token after them as if they were its output already (penalties, ``min_tokens``
+        and bad words see them)."""
         p = seq.request.params
-        banned = min_tokens_ban(p, seq.num_output_tokens, self.eos_token_ids)
+        output_ids = seq.output_ids + list(ahead) if ahead else seq.output_ids
+        banned = min_tokens_ban(p, len(output_ids), self.eos_token_ids)
         if seq.request.bad_words_ids:
-            banned = banned | bad_words_ban(seq.request.bad_words_ids, seq.output_ids)
+            banned = banned | bad_words_ban(seq.request.bad_words_ids, output_ids)
         prompt = seq.tokens[:seq.num_prompt_tokens] if p.repetition_penalty != 1.0 else ()
-        output = seq.output_ids if (p.repetition_penalty != 1.0 or p.frequency_penalty
-                                    or p.presence_penalty) else ()
-        return SamplingRequest(p, prompt, output, seq.generator, banned, seq.constraint)
+        output = output_ids if (p.repetition_penalty != 1.0 or p.frequency_penalty
+                                or p.presence_penalty) else ()
+        constraint = seq.constraint
+        if ahead and constraint is not None:
+            constraint = constraint.ahead(ahead)  # the mask after the drafts
+        return SamplingRequest(p, prompt, output, seq.generator, banned, constraint)
+
+    def _propose(self, seq: Sequence) -> tuple[int, ...]:
+        """The drafted tokens to follow ``seq``'s last one (speculative decoding), never past
+        ``max_tokens`` or the context (no overshoot). A constrained sequence's draft is what
+        its grammar forces, else the proposer's, cut at the first token the grammar rejects
+        (each drafted position is then sampled under its own mask)."""
+        spec, p = self.config.speculative, seq.request.params
+        most = min(spec.num_tokens, self.max_model_len - len(seq.tokens))
+        if p.max_tokens is not None:
+            most = min(most, p.max_tokens - seq.num_output_tokens - 1)
+        if most <= 0:
+            return ()
+        if seq.ngram is None:
+            seq.ngram = NgramIndex(spec.min_n, spec.max_n)
+        constraint = seq.constraint
+        forced = tuple(constraint.forced_tokens()[:most]) if constraint is not None else ()
+        drafts = forced or seq.ngram.propose(seq.tokens, most)
+        if constraint is not None and drafts:
+            drafts = drafts[:constraint.valid_prefix(list(drafts))]
+        return drafts
+
+    def _count_drafts(self, drafted: int, accepted: int) -> None:
+        m = self.metrics
+        m.spec_drafts.inc()
+        m.spec_draft_tokens.inc(drafted)
+        m.spec_accepted_tokens.inc(accepted)
+        for position in range(accepted):
+            m.spec_accepted_per_pos.labels(str(position)).inc()
 
     def _record_admission(self, seq: Sequence) -> None:
         """A first admission: the one place prefix-cache hits are counted (the observer's
@@ -247,9 +295,9 @@ class EngineCore:
         log.debug("request %s admitted: start_position=%d of %d prompt tokens", seq.seq_id,
                   matched, seq.num_prompt_tokens)
 
-    def _token_end(self, seq: Sequence, token: int) -> TokenEnd | None:
-        """Whether ``token`` (just appended to ``seq.tokens``) ends ``seq`` without looking at
-        its text."""
+    def _token_end(self, seq: Sequence, token: int, length: int) -> TokenEnd | None:
+        """Whether ``token`` (appended to ``seq.tokens``, which it makes ``length`` long) ends
+        ``seq`` without looking at its text."""
         p = seq.request.params
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
             return TokenEnd.STOP_ID
@@ -258,8 +306,8 @@ class EngineCore:
                 return TokenEnd.REJECTED
             if seq.constraint.is_finished:
                 return TokenEnd.COMPLETE
-        if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
-                len(seq.tokens) >= self.max_model_len:
+        if (p.max_tokens is not None and length - seq.num_prompt_tokens >= p.max_tokens) or \
+                length >= self.max_model_len:
             return TokenEnd.LENGTH
         return None
 

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Protocol
 
 from hermes_async.cache.pins import Pin
+from hermes_async.engine.ngram import NgramIndex
 from hermes_async.engine.output_text import OutputText
 from hermes_async.step import TokenConstraint
 from hermes_async.types import FinishReason, SamplingParams
@@ -32,6 +33,19 @@ class SequenceConstraint(TokenConstraint, Protocol):
 
     @property
     def error(self) -> str | None: ...
+
+    # speculative decoding (drafts for a constrained sequence)
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """How many of ``token_ids`` the grammar allows in order from here (no state change)."""
+        ...
+
+    def forced_tokens(self) -> list[int]:
+        """The tokens the grammar forces from here."""
+        ...
+
+    def ahead(self, token_ids: tuple[int, ...]) -> TokenConstraint:
+        """The mask of the position after ``token_ids`` (allowed, not accepted)."""
+        ...
 
 
 class CompiledConstraint(Protocol):
@@ -113,6 +127,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
+    ngram: NgramIndex | None = None  # speculative decoding: its tokens' n-grams (drafts)
 
     @property
     def output_ids(self) -> list[int]:

@@ -34,6 +34,7 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    num_draft_tokens: int = 0  # of the decode tokens, drafted ones (speculative decoding)
     num_preempted: int = 0
     first_admissions: list[Sequence] = field(default_factory=list)  # their first admission
 
@@ -42,19 +43,34 @@ class ScheduledBatch:
         return self.num_prefill_tokens + self.num_decode_tokens
 
 
-SamplingFor = Callable[[Sequence], SamplingRequest]
-"""The sampling inputs of a sequence whose step reaches its last token (from the engine core)."""
+SamplingFor = Callable[[Sequence, tuple[int, ...]], SamplingRequest]
+"""The sampling inputs of a sequence whose step reaches its last token, as if the given drafted
+tokens followed it (``()``: none; from the engine core)."""
+
+Drafter = Callable[[Sequence], tuple[int, ...]]
+"""Speculative decoding: the tokens proposed to follow a decoding sequence (``()``: none)."""
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """When decodes carry drafts: ``propose`` for each, while at most ``max_batch_seqs``
+    sequences decode."""
+
+    propose: Drafter
+    max_batch_seqs: int
 
 
 class Scheduler:
     """Waiting queue, running set and the per-step packing over a :class:`KVCacheManager`."""
 
     def __init__(self, config: SchedulerConfig, cache: KVCacheManager,
-                 sampling_for: SamplingFor, clock: Callable[[], float] = time.monotonic) -> None:
+                 sampling_for: SamplingFor, clock: Callable[[], float] = time.monotonic,
+                 drafting: Drafting | None = None) -> None:
         self.config = config
         self.cache = cache
         self.sampling_for = sampling_for
         self.clock = clock
+        self.drafting = drafting
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._admissions = 0
@@ -91,21 +107,33 @@ class Scheduler:
         chosen: dict[int, tuple[Sequence, SequenceStep]] = {}
         decodes = [s for s in self.running if len(s.tokens) - s.num_computed == 1]
         prefills = [s for s in self.running if len(s.tokens) - s.num_computed > 1]
+        drafting = self.drafting
+        if drafting is not None and len(decodes) > drafting.max_batch_seqs:
+            drafting = None  # under load drafts cost more than they save
         for seq in sorted(decodes, key=lambda s: s.admit_order) + prefills:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted while making room for an older one
             if budget <= 0 or len(chosen) >= self.config.max_num_seqs:
                 break
             n = min(len(seq.tokens) - seq.num_computed, budget)
-            if not self._make_room(seq, seq.num_computed + n, chosen, batch):
+            drafts: tuple[int, ...] = ()
+            if drafting is not None and n == 1:
+                # a decode's drafts, within the budget left after one token for each other decode
+                room = budget - (len(decodes) - len(chosen))
+                drafts = drafting.propose(seq)[:max(0, room)]
+                if drafts and self.cache.grow(seq.seq_id, seq.num_computed + n + len(drafts)) \
+                        is None:
+                    drafts = ()  # drafts never preempt anyone
+            if not self._make_room(seq, seq.num_computed + n + len(drafts), chosen, batch):
                 continue
-            chosen[id(seq)] = self._entry(seq, n)
-            budget -= n
+            chosen[id(seq)] = self._entry(seq, n, drafts)
+            budget -= n + len(drafts)
         if not batch.num_preempted:
             budget = self._admit(budget, chosen, batch.first_admissions)
         for seq, step in chosen.values():
-            if step.is_decode:
-                batch.num_decode_tokens += 1
+            if step.is_decode or step.num_drafts:  # a decode and its drafts
+                batch.num_decode_tokens += step.num_new_tokens
+                batch.num_draft_tokens += step.num_drafts
             else:
                 batch.num_prefill_tokens += step.num_new_tokens
             batch.seqs.append(seq)
@@ -113,24 +141,29 @@ class Scheduler:
         return batch
 
     def update_from_output(self, batch: ScheduledBatch,
-                           sampled: list[int | None]) -> list[int]:
+                           sampled: list[tuple[int, ...] | None]) -> list[int]:
         """Record a finished step: advance computed lengths, cache newly full blocks, append
-        each sampled token. Returns the batch indices that got a new token (still running).
+        each step's new tokens (one, or after drafts the ones verification kept). Returns the
+        batch indices that got new tokens (still running).
 
+        A step with drafts computed K/V for all of them, but only the drafts that were kept
+        count as computed: the length rolls back to them, so the next step overwrites the
+        slots of the others, and only blocks of verified tokens ever enter the prefix tree.
         Steps whose sequence left the running set during the step (aborted) are skipped.
         """
         grown = []
         bs = self.cache.block_size
-        for i, (seq, step, token) in enumerate(zip(batch.seqs, batch.steps, sampled,
-                                                   strict=True)):
+        for i, (seq, step, tokens) in enumerate(zip(batch.seqs, batch.steps, sampled,
+                                                    strict=True)):
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            seq.num_computed = step.context_len
+            kept = len(tokens) - 1 if tokens and step.num_drafts else 0
+            seq.num_computed = step.context_len - step.num_drafts + kept
+            if tokens:
+                seq.tokens.extend(tokens)
+                grown.append(i)
             if seq.num_computed // bs > step.start_pos // bs:  # a block filled up: cache it
                 self.cache.commit(seq.seq_id, seq.tokens[:seq.num_computed])
-            if token is not None:
-                seq.tokens.append(token)
-                grown.append(i)
         return grown
 
     def pop_unfittable(self) -> Sequence | None:
@@ -140,12 +173,15 @@ class Scheduler:
             return None
         return self.waiting.popleft()
 
-    def _entry(self, seq: Sequence, n: int) -> tuple[Sequence, SequenceStep]:
+    def _entry(self, seq: Sequence, n: int,
+               drafts: tuple[int, ...] = ()) -> tuple[Sequence, SequenceStep]:
         start = seq.num_computed
         completes = start + n == len(seq.tokens)  # reaches the last token: sample its logits
         step = SequenceStep(tuple(self.cache.block_table(seq.seq_id)), start,
-                            tuple(seq.tokens[start:start + n]),
-                            self.sampling_for(seq) if completes else None)
+                            (*seq.tokens[start:start + n], *drafts),
+                            self.sampling_for(seq, ()) if completes else None,
+                            tuple(self.sampling_for(seq, drafts[:j + 1])
+                                  for j in range(len(drafts))))
         return seq, step
 
     def _make_room(self, seq: Sequence, num_tokens: int,

@@ -12,7 +12,7 @@ import torch
 
 from hermes_async.model.runner import ModelRunner
 from hermes_async.model.sampler import Sampler
-from hermes_async.step import SampledToken, SamplingRequest, SequenceStep
+from hermes_async.step import SampledToken, SamplingRequest, SequenceStep, accepted_samples
 
 
 class StepExecutor:
@@ -30,16 +30,44 @@ class StepExecutor:
 
     @torch.inference_mode()
     def execute(self, steps: Sequence[SequenceStep]) -> list[SampledToken | None]:
+        """The forward, then every sampled position in one batch: a step's last token, and for
+        a step with drafts each drafted position too, verified by :func:`accepted_samples`."""
         logits = self.model_runner.forward(steps)
-        wanted = [i for i, s in enumerate(steps) if s.sampling is not None]
+        rows: list[int] = []  # the logits row of each sampled position
+        requests: list[SamplingRequest] = []
+        row = 0
+        for s in steps:
+            if s.sampling is not None:
+                rows.extend(range(row, row + s.num_sampled))
+                requests.append(s.sampling)
+                requests.extend(s.draft_sampling)
+            row += 1 + s.num_drafts
         out: list[SampledToken | None] = [None] * len(steps)
-        if not wanted:
+        if not rows:
             return out
-        requests: list[SamplingRequest] = [steps[i].sampling for i in wanted]  # type: ignore[misc]
-        index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
+        # a seeded sequence's stream, drawn once per drafted position, is rewound to the
+        # draws of the tokens it keeps: its output is then the same as without drafts
+        streams = {i: (s.sampling.generator, s.sampling.generator.get_state())
+                   for i, s in enumerate(steps)
+                   if s.num_drafts and s.sampling is not None and s.sampling.params.temperature
+                   and isinstance(s.sampling.generator, torch.Generator)}
+        index = torch.tensor(rows, dtype=torch.long, device=logits.device)
         result = self.sampler.sample(logits.index_select(0, index), requests)
-        for j, i in enumerate(wanted):
-            logprob = result.logprobs[j] if result.logprobs is not None else None
-            top = tuple(result.top_logprobs[j] or ()) if result.top_logprobs is not None else ()
-            out[i] = SampledToken(result.token_ids[j], logprob, top)
+        j = 0
+        for i, s in enumerate(steps):
+            if s.sampling is None:
+                continue
+            samples = []
+            for r in range(j, j + s.num_sampled):
+                logprob = result.logprobs[r] if result.logprobs is not None else None
+                top = (tuple(result.top_logprobs[r] or ()) if result.top_logprobs is not None
+                       else ())
+                samples.append(SampledToken(result.token_ids[r], logprob, top))
+            j += s.num_sampled
+            drafts = s.token_ids[len(s.token_ids) - s.num_drafts:]
+            out[i] = token = accepted_samples(drafts, samples) if s.num_drafts else samples[0]
+            if i in streams and len(token.following) < s.num_drafts:
+                generator, state = streams[i]
+                generator.set_state(state)
+                self.sampler.skip(generator, 1 + len(token.following))
         return out

@@ -192,7 +192,9 @@ class ModelRunner:
         return self.spec.vocab_size
 
     def forward(self, steps: Sequence[SequenceStep]) -> torch.Tensor:
-        """Run one packed forward; return float32 logits ``[len(steps), vocab]`` in step order.
+        """Run one packed forward; return float32 logits in step order: one row per step (its
+        last new token), or, for a step with drafts, one for each of its last ``1 +
+        num_drafts`` tokens (``[sum of those, vocab]``: ``[len(steps), vocab]`` without drafts).
 
         Each step's new tokens have their K/V written into the pool at the slots its block
         table names; positions before ``start_pos`` are read from the pool as they are.
@@ -218,14 +220,20 @@ class ModelRunner:
             logits = self.graphs.run(packed, input_ids, positions, slots)  # packed order
             return logits[torch.tensor(inverse, dtype=torch.long, device=dev)]
         plan = self.attention.plan(packed, slots.to(dev), ordering)
-        # the LM head reads each step's last token in step order: no gather of the logits
-        logits_indices = torch.tensor([last[p] for p in inverse], dtype=torch.long, device=dev)
+        # the LM head reads each step's last token (and its drafts' positions) in step order:
+        # no gather of the logits
+        rows = [r for i, p in enumerate(inverse)
+                for r in range(last[p] - steps[i].num_drafts, last[p] + 1)]
+        logits_indices = torch.tensor(rows, dtype=torch.long, device=dev)
         return self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
                           positions.to(dev), plan, self.pool, logits_indices)
 
     def _validate(self, i: int, s: SequenceStep) -> None:
         if not s.token_ids:
             raise StepError(f"sequence {i}: no new tokens")
+        if s.draft_sampling and (s.sampling is None or s.num_drafts >= len(s.token_ids)):
+            raise StepError(f"sequence {i}: {s.num_drafts} drafts need sampling and a token "
+                            f"before them")
         if s.start_pos < 0:
             raise StepError(f"sequence {i}: negative start_pos {s.start_pos}")
         if s.context_len > self.max_model_len:

@@ -204,6 +204,12 @@ class Sampler:
         return parts, [([work[sampled[j]] for j in rows], probs, ids)
                        for rows, probs, ids in groups]
 
+    def skip(self, generator: torch.Generator, draws: int) -> None:
+        """Advance a row's own generator by ``draws`` draws, as that many sampled rows would
+        (speculative decoding rewinds a stream to the draws of the tokens it kept)."""
+        for _ in range(draws):
+            torch.rand(1, generator=generator, dtype=torch.float64, device=self.device)
+
     def _uniforms(self, generators: list[torch.Generator | None]) -> torch.Tensor:
         """One float64 uniform per row; a row's own generator advances by exactly one draw."""
         kw = {"dtype": torch.float64, "device": self.device}

@@ -1,0 +1,200 @@
+"""Speculative decoding on and off, one run: output tok/s where the answer copies its prompt and
+where it does not, at concurrency 1, 8 and 32, with the acceptance figures beside each.
+
+    .venv/bin/python loadtest/bench_speculative.py --out-dir /tmp/spec \\
+        --update-benchmarks BENCHMARKS.md
+
+Servers, one at a time: ``hermes-async serve`` (the embedded model unless ``--model``) without
+and with ``--speculative ngram`` (``--spec-arg key=value`` sets more ``[speculative]`` keys).
+Workloads (chat completions, greedy): ``repeat`` (repeat a paragraph word for word),
+``json_edit`` (re-emit a JSON document with one field changed), ``rename`` (rename a variable
+in a function), ``tool_result`` (answer by quoting a long tool result) and ``open`` (short
+open questions: nothing to copy). Per workload and concurrency: completion tokens over the
+wall time of the round, and from ``/metrics`` the drafted and accepted tokens of that round:
+acceptance rate (accepted / drafted) and mean accepted length (accepted tokens per draft,
+the bonus token not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench_models import cpu_line, port_free, update_benchmarks
+from compare_peers import REPO, Started, serve_and_measure
+
+MARK_START, MARK_END = "<!-- speculative:start -->", "<!-- speculative:end -->"
+WORKLOADS = ("repeat", "json_edit", "rename", "tool_result", "open")
+COPYING = WORKLOADS[:4]
+SENTENCES = (
+    "The harbor was quiet before the storm reached the island.",
+    "Every morning the keeper climbed the stairs to clean the great lamp.",
+    "Ships that passed at night saw the light turn slowly across the water.",
+    "The old rope had been mended so many times that no one knew its first color.",
+    "When the wind changed, the fishermen pulled their boats high onto the sand.",
+    "A letter arrived in spring asking whether the lighthouse could be sold.",
+    "The keeper wrote back that the light still guided three ferries a day.",
+    "By summer the town had raised enough money to repair the tower.",
+)
+QUESTIONS = ("Give me three tips for sleeping better.", "Why is the sky blue?",
+             "What should I pack for a weekend hike?", "How do plants make food?",
+             "Suggest a name for a small bakery.", "What is a good way to learn to cook?",
+             "Why do cats purr?", "How can I save money on groceries?")
+
+
+def messages(workload: str, i: int) -> list[dict[str, str]]:
+    """The ``i``-th request of ``workload`` (each request differs, so no answer is cached)."""
+    rng = random.Random(f"{workload}-{i}")
+    if workload == "repeat":
+        text = " ".join(rng.sample(SENTENCES, 6))
+        return [{"role": "user", "content": f"Repeat the following text exactly, word for "
+                                            f"word:\n\n{text}"}]
+    if workload == "json_edit":
+        doc = {"id": 1000 + i, "name": rng.choice(["Ada", "Linus", "Grace", "Alan"]),
+               "email": f"user{i}@example.com", "status": "open", "priority": rng.randint(1, 5),
+               "tags": rng.sample(["billing", "bug", "ui", "api", "docs", "urgent"], 3),
+               "created": f"2026-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}",
+               "owner": {"team": "support", "name": rng.choice(["Kim", "Lee", "Sam"])}}
+        return [{"role": "user", "content": "Here is a JSON document:\n"
+                 f"{json.dumps(doc, indent=2)}\n\nReturn the same JSON document with "
+                 "\"status\" changed to \"closed\". Output only the JSON."}]
+    if workload == "rename":
+        n = rng.randint(2, 9)
+        code = (f"def summarize(values):\n    total = 0\n    count = 0\n    for v in values:\n"
+                f"        if v > {n}:\n            total += v\n            count += 1\n"
+                f"    if count == 0:\n        return 0\n    average = total / count\n"
+                f"    print('total', total, 'count', count)\n    return average\n")
+        return [{"role": "user", "content": "Rename the variable `total` to `running_sum` in "
+                 f"this function and output the whole function:\n\n```python\n{code}```"}]
+    if workload == "tool_result":
+        rows = [f"- order {1000 + 7 * j + i}: {rng.choice(['shipped', 'packed', 'delayed'])}, "
+                f"{rng.randint(1, 9)} items, to {rng.choice(['Oslo', 'Lima', 'Pune', 'Kyiv'])}"
+                for j in range(12)]
+        return [{"role": "user", "content": "Find the orders."},
+                {"role": "assistant", "content": "I looked them up."},
+                {"role": "user", "content": "Tool result:\n" + "\n".join(rows) +
+                 "\n\nList every order above exactly as written."}]
+    return [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+
+
+def spec_counters(base: str) -> tuple[float, float, float]:
+    """(drafts, drafted tokens, accepted tokens) from ``/metrics``."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        text = r.read().decode()
+
+    def total(name: str) -> float:
+        m = re.search(rf"^{name}_total (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    return (total("hermes_spec_decode_num_drafts"), total("hermes_spec_decode_num_draft_tokens"),
+            total("hermes_spec_decode_num_accepted_tokens"))
+
+
+async def round_of(session: Any, base: str, model: str, workload: str, concurrency: int,
+                   max_tokens: int, offset: int) -> dict[str, float]:
+    async def one(i: int) -> int:
+        body = {"model": model, "messages": messages(workload, offset + i),
+                "max_tokens": max_tokens, "temperature": 0.0}
+        async with session.post(f"{base}/v1/chat/completions", json=body) as r:
+            data = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"{r.status}: {data}")
+        return int(data["usage"]["completion_tokens"])
+
+    before = spec_counters(base)
+    t0 = time.perf_counter()
+    tokens = await asyncio.gather(*(one(i) for i in range(concurrency)))
+    seconds = time.perf_counter() - t0
+    drafts, drafted, kept = (b - a for a, b in zip(before, spec_counters(base), strict=True))
+    return {"tok_s": sum(tokens) / seconds, "tokens": sum(tokens), "seconds": seconds,
+            "drafts": drafts, "drafted": drafted, "accepted": kept}
+
+
+async def measure(started: Started, args: argparse.Namespace) -> dict[str, Any]:
+    import aiohttp
+
+    out: dict[str, Any] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as s:
+        await round_of(s, started.base, started.model, "open", 1, 8, 10_000)  # warm-up
+        for workload in args.workloads:
+            for c in args.concurrency:
+                rounds = [await round_of(s, started.base, started.model, workload, c,
+                                         args.max_tokens, 100 * r) for r in range(args.rounds)]
+                best = max(rounds, key=lambda x: x["tok_s"])
+                out[f"{workload}@{c}"] = best
+                print(f"  {workload}@{c}: {best['tok_s']:.1f} tok/s, drafted "
+                      f"{best['drafted']:.0f}, accepted {best['accepted']:.0f}", flush=True)
+    return out
+
+
+def report(off: dict[str, Any] | None, on: dict[str, Any] | None,
+           args: argparse.Namespace) -> str:
+    lines = [f"CPU: {cpu_line()}; model: {args.model or 'embedded default'}; greedy, "
+             f"max_tokens {args.max_tokens}; best of {args.rounds} round(s) per cell",
+             "", "| workload | conc. | off tok/s | ngram tok/s | ratio | acceptance | "
+             "accepted per draft |", "|---|---|---|---|---|---|---|"]
+    for workload in args.workloads:
+        for c in args.concurrency:
+            key = f"{workload}@{c}"
+            a, b = (off or {}).get(key), (on or {}).get(key)
+            if a is None or b is None:
+                lines.append(f"| {workload} | {c} | failed | | | | |")
+                continue
+            rate = b["accepted"] / b["drafted"] if b["drafted"] else 0.0
+            per = b["accepted"] / b["drafts"] if b["drafts"] else 0.0
+            lines.append(f"| {workload} | {c} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | "
+                         f"{b['tok_s'] / a['tok_s']:.2f}x | {rate:.2f} | {per:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="HF directory or GGUF (default: embedded)")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--port", type=int, default=8321)
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--spec-arg", action="append", default=[],
+                    help="key=value of [speculative] for the 'on' server (repeatable)")
+    ap.add_argument("--out-dir", type=Path, default=Path("loadtest/results/speculative"))
+    ap.add_argument("--update-benchmarks", type=Path, default=None)
+    args = ap.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    if not port_free(args.port):
+        raise SystemExit(f"port {args.port} is taken")
+    results: dict[str, dict[str, Any] | None] = {}
+    for label, extra in (("off", []), ("ngram", ["--speculative", "ngram"])):
+        cmd = [str(REPO / ".venv" / "bin" / "hermes-async"), "serve", "--dtype", args.dtype,
+               "--port", str(args.port), "--log-level", "warning", *extra]
+        if args.model:
+            cmd += ["--model", args.model]
+        env = {}
+        if label == "ngram" and args.spec_arg:
+            config = args.out_dir / "speculative.toml"
+            keys = "\n".join(f"{k} = {v}" for k, v in (a.split("=", 1) for a in args.spec_arg))
+            config.write_text(f"[speculative]\nmethod = \"ngram\"\n{keys}\n")
+            cmd += ["--config", str(config)]
+        results[label] = serve_and_measure(
+            label, cmd, env, args.port, args.out_dir / f"{label}.log", 600,
+            lambda started: asyncio.run(measure(started, args)))
+        (args.out_dir / f"{label}.json").write_text(json.dumps(results[label], indent=1))
+    text = report(results["off"], results["ngram"], args)
+    (args.out_dir / "report.md").write_text(text + "\n")
+    print(text)
+    if args.update_benchmarks:
+        update_benchmarks(args.update_benchmarks, "bench_speculative.py", text, MARK_START,
+                          MARK_END)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

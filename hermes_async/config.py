@@ -434,7 +434,7 @@ class RayConfig:
         return self.autoscale_min_replicas is not None
 
 
-SPECULATIVE_METHODS = ("off", "ngram")
+SPECULATIVE_METHODS = ("off", "ngram", "suffix")
 
 
 @dataclass(frozen=True)
@@ -447,10 +447,26 @@ class SpeculativeConfig:
         normal sampler and keeps them while each sample equals the draft, plus the first that
         does not: greedy output is the same as without, sampled output has the same
         distribution.
+        ``suffix``: the same lookup in the sequence itself, and a shared suffix tree of the
+        answers earlier sequences of the same cache namespace wrote (the tree's draft where
+        its match is longer than the sequence's own; its length adapts to the match: no
+        longer than the tail it matched, and only while the counts give the whole draft at
+        least ``min_probability``).
     num_tokens: most tokens drafted per sequence and step.
-    min_n, max_n: the lengths of the suffix looked up.
+    min_n, max_n: the lengths of the suffix looked up (``min_n`` also the shortest tail
+        matched in the tree).
     max_batch_seqs: drafting stops while more sequences than this decode (under load the
         forward is compute-bound and drafts cost more than they save).
+    tree_depth: the tree keeps each answer's suffixes cut to this many tokens (the longest
+        match plus its draft).
+    tree_max_answers, tree_max_tokens: a namespace's tree holds at most this many answers and
+        answer tokens (first in, first out; about ``tree_depth`` nodes per token).
+    tree_max_namespaces: trees kept, the least recently used dropped.
+    min_probability: the tree's drafts stop where the chance of the whole draft, by its
+        counts, falls below this.
+    adaptive: draft only as many tokens as pay, from the sequence's acceptance rate and the
+        engine's measured step cost (``hermes_async.engine.drafts``); False: always
+        ``num_tokens`` where the proposer has them.
     """
 
     method: str = "off"
@@ -458,8 +474,20 @@ class SpeculativeConfig:
     min_n: int = 2
     max_n: int = 4
     max_batch_seqs: int = 8
+    tree_depth: int = 24
+    tree_max_answers: int = 256
+    tree_max_tokens: int = 32768
+    tree_max_namespaces: int = 16
+    min_probability: float = 0.1
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
+        if self.tree_depth < 2 or self.tree_max_answers < 1 or self.tree_max_tokens < 1 \
+                or self.tree_max_namespaces < 1:
+            raise ConfigError("speculative: tree_depth >= 2 and tree_max_answers, "
+                              "tree_max_tokens, tree_max_namespaces >= 1 must hold")
+        if not 0.0 < self.min_probability <= 1.0:
+            raise ConfigError("speculative.min_probability must be in (0, 1]")
         if self.method not in SPECULATIVE_METHODS:
             raise ConfigError(f"speculative.method must be one of "
                               f"{', '.join(SPECULATIVE_METHODS)}, not {self.method!r}")

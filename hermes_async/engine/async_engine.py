@@ -389,6 +389,8 @@ class AsyncEngine(FrontMethods):
         grammar = self.grammar_stats()
         if grammar is not None:
             doc["grammar"] = grammar  # engine-wide: compiled constraints are not per tenant
+        if core.drafter is not None:  # engine-wide acceptance; the answer trees' sizes
+            doc["speculative"] = core.drafter.stats()
         return doc
 
     def reset_cache(self, namespace: str | None = None) -> CacheResetResult:
@@ -408,6 +410,8 @@ class AsyncEngine(FrontMethods):
         freed = core.cache.reset(namespace)  # no request holds blocks there: checked above
         for ns in [namespace] if namespace is not None else observer.namespaces():
             observer.forget(ns)
+        if core.drafter is not None:
+            core.drafter.forget(namespace)  # its earlier answers draft nothing more
         return CacheResetResult(namespace, freed, unpinned)
 
     def cached_blocks(self) -> dict[str, int]:

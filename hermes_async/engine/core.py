@@ -25,7 +25,7 @@ from enum import Enum
 from hermes_async.cache.manager import KVCacheManager
 from hermes_async.cache.pins import PinLimitError
 from hermes_async.config import EngineConfig
-from hermes_async.engine.ngram import NgramIndex
+from hermes_async.engine.drafts import Drafter
 from hermes_async.engine.parts import OutputTextFactory
 from hermes_async.engine.request import (
     GRAMMAR_REJECTED,
@@ -117,6 +117,7 @@ class EngineCore:
                         "tokens; the model's context is %d)", self.max_model_len, budget,
                         runner.num_blocks, runner.block_size, runner.max_model_len)
         spec = config.speculative
+        self.drafter = Drafter(spec) if spec.enabled else None
         drafting = Drafting(self._propose, spec.max_batch_seqs) if spec.enabled else None
         self.scheduler = Scheduler(config.scheduler, self.cache, self._sampling_request,
                                    drafting=drafting)
@@ -181,13 +182,15 @@ class EngineCore:
         self.metrics.step_seconds.observe(seconds)
         self.metrics.step_tokens.observe(batch.num_tokens)
         self.metrics.step_seqs.observe(len(batch.steps))
+        if self.drafter is not None:
+            self.drafter.cost.observe(batch.num_tokens, seconds)
         tokens = [None if r is None else tuple(t.token_id for t in r.tokens) for r in results]
         for i in self.scheduler.update_from_output(batch, tokens):
             sampled, seq, step = results[i], batch.seqs[i], batch.steps[i]
             assert sampled is not None
             new = sampled.tokens
             if step.num_drafts:
-                self._count_drafts(step.num_drafts, len(new) - 1)
+                self._count_drafts(seq, step.num_drafts, len(new) - 1)
             before = len(seq.tokens) - len(new)
             for j, one in enumerate(new):
                 end = self._token_end(seq, one.token_id, before + j + 1)
@@ -257,27 +260,19 @@ class EngineCore:
             constraint = constraint.ahead(ahead)  # the mask after the drafts
         return SamplingRequest(p, prompt, output, seq.generator, banned, constraint)
 
-    def _propose(self, seq: Sequence) -> tuple[int, ...]:
-        """The drafted tokens to follow ``seq``'s last one (speculative decoding), never past
-        ``max_tokens`` or the context (no overshoot). A constrained sequence's draft is what
-        its grammar forces, else the proposer's, cut at the first token the grammar rejects
-        (each drafted position is then sampled under its own mask)."""
-        spec, p = self.config.speculative, seq.request.params
-        most = min(spec.num_tokens, self.max_model_len - len(seq.tokens))
+    def _propose(self, seq: Sequence, decodes: int) -> tuple[int, ...]:
+        """The drafted tokens to follow ``seq``'s last one (see :class:`Drafter`), never past
+        ``max_tokens`` or the context (no overshoot)."""
+        assert self.drafter is not None
+        p = seq.request.params
+        most = min(self.config.speculative.num_tokens, self.max_model_len - len(seq.tokens))
         if p.max_tokens is not None:
             most = min(most, p.max_tokens - seq.num_output_tokens - 1)
-        if most <= 0:
-            return ()
-        if seq.ngram is None:
-            seq.ngram = NgramIndex(spec.min_n, spec.max_n)
-        constraint = seq.constraint
-        forced = tuple(constraint.forced_tokens()[:most]) if constraint is not None else ()
-        drafts = forced or seq.ngram.propose(seq.tokens, most)
-        if constraint is not None and drafts:
-            drafts = drafts[:constraint.valid_prefix(list(drafts))]
-        return drafts
+        return self.drafter.propose(seq, most, decodes) if most > 0 else ()
 
-    def _count_drafts(self, drafted: int, accepted: int) -> None:
+    def _count_drafts(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        assert self.drafter is not None
+        self.drafter.verified(seq, drafted, accepted)
         m = self.metrics
         m.spec_drafts.inc()
         m.spec_draft_tokens.inc(drafted)
@@ -392,6 +387,8 @@ class EngineCore:
         if not seq.is_finished:
             self._retire(seq, pin=reason in (FinishReason.STOP, FinishReason.LENGTH))
         seq.finish_reason = reason
+        if self.drafter is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.drafter.answered(seq)
         usage = None
         if req.finished:
             usage = req.usage()

@@ -28,13 +28,17 @@ class NgramIndex:
         self._indexed = 0  # n-grams ending at every end < this are in _ends
 
     def propose(self, tokens: Sequence[int], k: int) -> tuple[int, ...]:
+        return self.match(tokens, k)[0]
+
+    def match(self, tokens: Sequence[int], k: int) -> tuple[tuple[int, ...], int]:
+        """As :meth:`propose`, with the length of the suffix that matched (0: none)."""
         length = len(tokens)
         self._index(tokens, length - 1)  # every earlier end; the suffix itself is not one
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             end = self._ends[n].get(tuple(tokens[length - n:]))
             if end is not None:
-                return tuple(tokens[end:end + k])
-        return ()
+                return tuple(tokens[end:end + k]), n
+        return (), 0
 
     def _index(self, tokens: Sequence[int], upto: int) -> None:
         """Record the n-grams ending at ``self._indexed .. upto`` (ends exclusive)."""

@@ -67,6 +67,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    draft_tokens: int = 0  # speculative decoding: drafted tokens verified (all sequences)
+    accepted_draft_tokens: int = 0  # of those, kept in the output
 
     @property
     def total_tokens(self) -> int:
@@ -128,6 +130,9 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     ngram: NgramIndex | None = None  # speculative decoding: its tokens' n-grams (drafts)
+    draft_acceptance: float | None = None  # running share of its drafted tokens kept
+    draft_tokens: int = 0  # drafted tokens verified for it
+    accepted_tokens: int = 0  # of those, kept
 
     @property
     def output_ids(self) -> list[int]:
@@ -176,4 +181,5 @@ class EngineRequest:
     def usage(self) -> Usage:
         cached = (self.sequences[0].cached_tokens or 0) if self.sequences else 0
         return Usage(len(self.prompt_ids), sum(s.num_output_tokens for s in self.sequences),
-                     cached)
+                     cached, sum(s.draft_tokens for s in self.sequences),
+                     sum(s.accepted_tokens for s in self.sequences))

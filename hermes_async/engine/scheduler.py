@@ -47,8 +47,9 @@ SamplingFor = Callable[[Sequence, tuple[int, ...]], SamplingRequest]
 """The sampling inputs of a sequence whose step reaches its last token, as if the given drafted
 tokens followed it (``()``: none; from the engine core)."""
 
-Drafter = Callable[[Sequence], tuple[int, ...]]
-"""Speculative decoding: the tokens proposed to follow a decoding sequence (``()``: none)."""
+Proposer = Callable[[Sequence, int], tuple[int, ...]]
+"""Speculative decoding: the tokens proposed to follow a decoding sequence (``()``: none),
+given how many sequences decode in the step."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Drafting:
     """When decodes carry drafts: ``propose`` for each, while at most ``max_batch_seqs``
     sequences decode."""
 
-    propose: Drafter
+    propose: Proposer
     max_batch_seqs: int
 
 
@@ -120,7 +121,7 @@ class Scheduler:
             if drafting is not None and n == 1:
                 # a decode's drafts, within the budget left after one token for each other decode
                 room = budget - (len(decodes) - len(chosen))
-                drafts = drafting.propose(seq)[:max(0, room)]
+                drafts = drafting.propose(seq, len(decodes))[:max(0, room)]
                 if drafts and self.cache.grow(seq.seq_id, seq.num_computed + n + len(drafts)) \
                         is None:
                     drafts = ()  # drafts never preempt anyone

@@ -14,10 +14,18 @@ SYSTEM_FINGERPRINT = f"hermes-async-{__version__}"
 
 
 def usage_dict(usage: Usage) -> dict[str, Any]:
-    """OpenAI's ``usage`` object, with ``prompt_tokens_details.cached_tokens``."""
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    """OpenAI's ``usage`` object, with ``prompt_tokens_details.cached_tokens``; where
+    speculative decoding verified drafts for the request, ``completion_tokens_details`` with
+    OpenAI's ``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` (drafted tokens
+    kept in the answer / computed and dropped)."""
+    out = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+           "total_tokens": usage.total_tokens,
+           "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    if usage.draft_tokens:
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": usage.accepted_draft_tokens,
+            "rejected_prediction_tokens": usage.draft_tokens - usage.accepted_draft_tokens}
+    return out
 
 
 def response_head(request_id: str, obj: str, model: str) -> dict[str, Any]:

@@ -135,6 +135,7 @@ class CacheStats(msgspec.Struct):
     totals: dict[str, Any]
     namespaces: dict[str, Any]
     grammar: dict[str, float] | None = None
+    speculative: dict[str, Any] | None = None  # with speculative decoding on
 
 
 class CacheWarmResult(msgspec.Struct):

@@ -81,7 +81,9 @@ class EngineStream:
         """Token counts summed over the prompts (complete once :attr:`done`)."""
         return Usage(sum(u.prompt_tokens for u in self.usages),
                      sum(u.completion_tokens for u in self.usages),
-                     sum(u.cached_tokens for u in self.usages))
+                     sum(u.cached_tokens for u in self.usages),
+                     sum(u.draft_tokens for u in self.usages),
+                     sum(u.accepted_draft_tokens for u in self.usages))
 
     async def next(self) -> Item | None:
         """The next output, or ``None`` after ``keepalive_s`` without one; raises the 504

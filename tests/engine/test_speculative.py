@@ -39,7 +39,8 @@ from tests.engine.fake_runner import fake_output_text
 from tests.engine.test_engine_model import assert_same_greedy
 from tests.tiny_models import load_oracle, make_tiny_model
 
-NGRAM = SpeculativeConfig(method="ngram", num_tokens=4, min_n=1, max_n=3, max_batch_seqs=64)
+NGRAM = SpeculativeConfig(method="ngram", num_tokens=4, min_n=1, max_n=3, max_batch_seqs=64,
+                          adaptive=False)
 
 
 # ----- the proposer -----------------------------------------------------------------------------
@@ -168,6 +169,33 @@ async def test_greedy_with_drafts_equals_without(tiny, variant):
     assert drafted > 0 and 0 < kept <= drafted
     if variant == "preempting":
         assert engine.metrics.preemptions._value.get() > 0
+
+
+async def test_suffix_tree_drafts_from_earlier_answers_and_changes_nothing(tiny):
+    """``suffix``: the second pass over the same prompts drafts from the first pass's answers
+    (the shared tree), adaptively; answers as without, per-request usage figures add up."""
+    path, oracle = tiny
+    ps = copying_prompts(6, seed=5)
+    ref = await run_all(engine_for(path), ps, GREEDY)
+    engine = engine_for(path, SpeculativeConfig(method="suffix", min_n=1, max_batch_seqs=64))
+    async with engine:
+        for _ in range(2):
+            got = []
+            for p in ps:
+                ids, last = [], None
+                async for out in engine.generate(token_ids=p, params=GREEDY):
+                    ids.extend(out.token_ids)
+                    last = out
+                got.append((ids, last))
+            for p, (a, _), (b, _) in zip(ps, ref, got, strict=True):
+                assert_same_greedy(oracle, p, a, b)
+        stats = engine.core.drafter.stats()
+        engine.check_integrity()
+    assert stats["answer_trees"]["answers"] == 12
+    usage = [last.usage for _, last in got]
+    assert sum(u.draft_tokens for u in usage) > 0
+    assert all(0 <= u.accepted_draft_tokens <= u.draft_tokens for u in usage)
+    assert sum(u.accepted_draft_tokens for u in usage) <= stats["accepted_tokens"]
 
 
 async def test_seeded_sampling_with_drafts_is_the_same_as_without(tiny):

@@ -1,0 +1,136 @@
+"""The drafting side of speculative decoding: the shared suffix tree of earlier answers
+against a brute-force search over the stored answers, its bounds and namespaces, the step-cost
+fit, and the adaptive draft length (:mod:`hermes_async.engine.drafts`)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from hermes_async.config import SpeculativeConfig
+from hermes_async.engine.drafts import Drafter, StepCost
+from hermes_async.engine.suffix import AnswerTree, AnswerTrees, _size
+
+
+def brute_force_match(answers: list[list[int]], context: list[int], depth: int, k: int,
+                      min_match: int) -> tuple[int, dict[int, int]]:
+    """The longest tail of ``context`` (at most ``depth - min(k, depth // 2)`` tokens) that
+    occurs in a stored answer followed by a token, and the counts of those next tokens
+    (suffixes cut to ``depth`` tokens, as the tree keeps them)."""
+    longest = min(depth - min(k, depth // 2), len(context))
+    for m in range(longest, max(min_match, 1) - 1, -1):
+        tail = context[len(context) - m:]
+        nexts: dict[int, int] = {}
+        for a in answers:
+            for start in range(len(a)):
+                window = a[start:start + depth]
+                if window[:m] == tail and len(window) > m:
+                    nexts[window[m]] = nexts.get(window[m], 0) + 1
+        if nexts:
+            return m, nexts
+    return 0, {}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tree_matches_the_longest_tail_and_follows_the_most_frequent_answer(seed):
+    rng = random.Random(seed)
+    vocab, depth, k = rng.choice([3, 5, 12]), rng.randint(4, 10), rng.randint(1, 4)
+    tree = AnswerTree(depth, max_answers=6, max_tokens=10_000, min_probability=1e-9)
+    kept: list[list[int]] = []
+    for _ in range(20):
+        answer = [rng.randrange(vocab) for _ in range(rng.randint(1, 15))]
+        tree.add(answer)
+        kept = (kept + [answer])[-6:]  # first in, first out
+        assert tree.num_nodes == _size(tree._root)
+        for _ in range(5):
+            context = [rng.randrange(vocab) for _ in range(rng.randint(0, 12))]
+            m, nexts = brute_force_match(kept, context, depth, k, 1)
+            found = tree.propose(context, k)
+            if m == 0:
+                assert found is None
+                continue
+            assert found is not None and found.matched == m
+            assert nexts[found.tokens[0]] == max(nexts.values())
+            assert 1 <= len(found.tokens) <= min(k, m)
+            # every draft is a path that some stored answer wrote after the matched tail
+            tail = context[len(context) - m:]
+            assert any(a[s:s + m + len(found.tokens)] == tail + list(found.tokens)
+                       for a in kept for s in range(len(a)))
+
+
+def test_tree_bounds_and_removal():
+    tree = AnswerTree(depth=6, max_answers=100, max_tokens=20, min_probability=0.1)
+    tree.add([1, 2, 3, 4, 5, 6, 7, 8])
+    assert tree.propose([9, 1, 2, 3], 4).tokens == (4, 5, 6)  # no longer than the match
+    for i in range(3):
+        tree.add([50 + i] * 8)  # 32 tokens > 20: the oldest answers leave
+    assert tree.num_tokens <= 20 and tree.propose([1, 2, 3], 4) is None
+    assert tree.num_nodes == _size(tree._root)
+    frequent = AnswerTree(depth=8, max_answers=10, max_tokens=1000, min_probability=0.5)
+    for tail in (7, 7, 7, 8):
+        frequent.add([1, 2, 3, tail, 9])
+    draft = frequent.propose([1, 2, 3], 3)
+    assert draft.tokens == (7, 9) and draft.expected == pytest.approx(0.75 + 0.75)
+    with pytest.raises(ValueError):
+        AnswerTree(1, 1, 1, 0.5)
+
+
+def fake_seq(tokens, namespace="a", prompt=None):
+    prompt = len(tokens) if prompt is None else prompt
+    return SimpleNamespace(tokens=list(tokens), num_prompt_tokens=prompt, constraint=None,
+                           ngram=None, draft_acceptance=None, draft_tokens=0,
+                           accepted_tokens=0, request=SimpleNamespace(namespace=namespace),
+                           num_output_tokens=len(tokens) - prompt,
+                           output_ids=list(tokens[prompt:]))
+
+
+def test_namespaces_never_draft_from_each_other():
+    drafter = Drafter(SpeculativeConfig(method="suffix", adaptive=False, min_n=2))
+    drafter.answered(fake_seq([5, 6, 1, 2, 3, 4, 5, 6, 7, 8], prompt=2))
+    assert drafter.propose(fake_seq([9, 9, 1, 2, 3], "a"), 4, 1) == (4, 5, 6)
+    assert drafter.propose(fake_seq([9, 9, 1, 2, 3], "b"), 4, 1) == ()
+    drafter.forget("a")
+    assert drafter.propose(fake_seq([9, 9, 1, 2, 3], "a"), 4, 1) == ()
+    # the sequence's own context first, the tree where it matches a longer tail
+    drafter.answered(fake_seq([1, 2, 3, 4, 5, 6, 7], prompt=0))
+    own = fake_seq([3, 40, 41, 9, 3])  # its own context: 3 -> 40 (a 1-token match)
+    assert drafter.propose(own, 2, 1) == ()  # below min_n = 2 in its own context...
+    assert drafter.propose(fake_seq([2, 40, 9, 2, 3]), 2, 1) == (4, 5)  # ...the tree: 2 3
+    trees = AnswerTrees(2, 8, 1, 100, 0.1)
+    for ns in ("x", "y", "z"):
+        trees.add(ns, [1, 2, 3])
+    assert trees.get("x") is None and trees.stats()["namespaces"] == 2  # LRU past 2
+
+
+def test_step_cost_fit_and_break_even():
+    cost = StepCost()
+    assert cost.fit() is None
+    for n in [1, 5, 8, 40, 3, 12] * 5:
+        cost.observe(n, 0.024 + 0.002 * n)
+    a, b = cost.fit()
+    assert a == pytest.approx(0.024, rel=1e-6) and b == pytest.approx(0.002, rel=1e-6)
+    assert cost.break_even(1) == pytest.approx(0.002 / 0.026)
+    assert cost.break_even(8) == pytest.approx(0.002 / (0.003 + 0.002))
+    flat = StepCost(prior_tokens=16)
+    for _ in range(4):
+        flat.observe(1, 0.017)  # one size only: b from the prior
+    a, b = flat.fit()
+    assert a + b == pytest.approx(0.017) and b == pytest.approx(a / 16)
+
+
+def test_adaptive_length_follows_acceptance_and_load():
+    drafter = Drafter(SpeculativeConfig(method="ngram", min_n=1, num_tokens=8))
+    for n in [1, 8, 40] * 5:
+        drafter.cost.observe(n, 0.024 + 0.0024 * n)
+    copying = fake_seq([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 2 + [1])
+    copying.draft_acceptance = 0.8
+    assert len(drafter.propose(copying, 8, 1)) == 8  # batch 1: 0.8^8 = 0.17 > 0.09
+    assert len(drafter.propose(copying, 8, 8)) == 3  # 8 decoding: 0.8, 0.64, 0.51 > 0.44
+    copying.draft_acceptance = 0.05
+    assert drafter.propose(copying, 8, 1) == ()  # rejected drafts: stop drafting...
+    assert copying.draft_acceptance > 0.05  # ...and drift back towards the prior
+    drafter.verified(copying, 4, 3)
+    assert drafter.figures.as_dict()["acceptance_rate"] == 0.75
+    assert copying.draft_tokens == 4 and copying.accepted_tokens == 3

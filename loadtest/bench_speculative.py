@@ -5,11 +5,15 @@ where it does not, at concurrency 1, 8 and 32, with the acceptance figures besid
         --update-benchmarks BENCHMARKS.md
 
 Servers, one at a time: ``hermes-async serve`` (the embedded model unless ``--model``) without
-and with ``--speculative ngram`` (``--spec-arg key=value`` sets more ``[speculative]`` keys).
+speculation, with ``--speculative ngram`` and with ``--speculative suffix`` (``--methods``;
+``--spec-arg key=value`` sets more ``[speculative]`` keys for both).
 Workloads (chat completions, greedy): ``repeat`` (repeat a paragraph word for word),
 ``json_edit`` (re-emit a JSON document with one field changed), ``rename`` (rename a variable
 in a function), ``tool_result`` (answer by quoting a long tool result) and ``open`` (short
-open questions: nothing to copy). Per workload and concurrency: completion tokens over the
+open questions: nothing to copy), and ``agent``, the README's agent loop (a forced
+``get_weather`` call, its tool result, the answer; both turns' tokens count), where earlier
+loops' answers are what the suffix tree can draft from. A cell sends ``max(4, concurrency)``
+requests, ``concurrency`` at a time. Per workload and concurrency: completion tokens over the
 wall time of the round, and from ``/metrics`` the drafted and accepted tokens of that round:
 acceptance rate (accepted / drafted) and mean accepted length (accepted tokens per draft,
 the bonus token not counted).
@@ -31,7 +35,7 @@ from bench_models import cpu_line, port_free, update_benchmarks
 from compare_peers import REPO, Started, serve_and_measure
 
 MARK_START, MARK_END = "<!-- speculative:start -->", "<!-- speculative:end -->"
-WORKLOADS = ("repeat", "json_edit", "rename", "tool_result", "open")
+WORKLOADS = ("repeat", "json_edit", "rename", "tool_result", "open", "agent")
 COPYING = WORKLOADS[:4]
 SENTENCES = (
     "The harbor was quiet before the storm reached the island.",
@@ -97,20 +101,56 @@ def spec_counters(base: str) -> tuple[float, float, float]:
             total("hermes_spec_decode_num_accepted_tokens"))
 
 
+CITIES = ("Paris", "Oslo", "Lima", "Pune", "Kyiv", "Rome", "Cairo", "Quito", "Seoul", "Accra")
+WEATHER_TOOL = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                   "required": ["city"], "additionalProperties": False}}}]
+
+
+async def chat(session: Any, base: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with session.post(f"{base}/v1/chat/completions", json=body) as r:
+        data = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"{r.status}: {data}")
+    return data
+
+
+async def agent_loop(session: Any, base: str, model: str, i: int, max_tokens: int) -> int:
+    """The README's agent loop: a forced tool call, its result, the answer (greedy)."""
+    rng = random.Random(f"agent-{i}")
+    city = CITIES[i % len(CITIES)]
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": f"What is the weather in {city}?"}]
+    first = await chat(session, base, {"model": model, "messages": msgs, "tools": WEATHER_TOOL,
+                                       "tool_choice": "required", "temperature": 0.0,
+                                       "max_tokens": max_tokens})
+    message = first["choices"][0]["message"]
+    call = message["tool_calls"][0]
+    result = {"city": city, "temperature_c": rng.randint(-5, 35),
+              "conditions": rng.choice(["sunny", "cloudy", "light rain", "windy"]),
+              "humidity_percent": rng.randint(20, 95)}
+    msgs += [{k: v for k, v in message.items() if v is not None},
+             {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}]
+    second = await chat(session, base, {"model": model, "messages": msgs, "tools": WEATHER_TOOL,
+                                        "temperature": 0.0, "max_tokens": max_tokens})
+    return int(first["usage"]["completion_tokens"]) + int(second["usage"]["completion_tokens"])
+
+
 async def round_of(session: Any, base: str, model: str, workload: str, concurrency: int,
                    max_tokens: int, offset: int) -> dict[str, float]:
+    slots = asyncio.Semaphore(concurrency)
+
     async def one(i: int) -> int:
-        body = {"model": model, "messages": messages(workload, offset + i),
-                "max_tokens": max_tokens, "temperature": 0.0}
-        async with session.post(f"{base}/v1/chat/completions", json=body) as r:
-            data = await r.json()
-            if r.status != 200:
-                raise RuntimeError(f"{r.status}: {data}")
-        return int(data["usage"]["completion_tokens"])
+        async with slots:
+            if workload == "agent":
+                return await agent_loop(session, base, model, offset + i, max_tokens)
+            body = {"model": model, "messages": messages(workload, offset + i),
+                    "max_tokens": max_tokens, "temperature": 0.0}
+            return int((await chat(session, base, body))["usage"]["completion_tokens"])
 
     before = spec_counters(base)
     t0 = time.perf_counter()
-    tokens = await asyncio.gather(*(one(i) for i in range(concurrency)))
+    tokens = await asyncio.gather(*(one(i) for i in range(max(4, concurrency))))
     seconds = time.perf_counter() - t0
     drafts, drafted, kept = (b - a for a, b in zip(before, spec_counters(base), strict=True))
     return {"tok_s": sum(tokens) / seconds, "tokens": sum(tokens), "seconds": seconds,
@@ -134,23 +174,32 @@ async def measure(started: Started, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def report(off: dict[str, Any] | None, on: dict[str, Any] | None,
-           args: argparse.Namespace) -> str:
+def report(results: dict[str, dict[str, Any] | None], args: argparse.Namespace) -> str:
+    """One row per workload and concurrency: off's tok/s, then per method its tok/s, ratio
+    to off, acceptance rate and mean accepted length (accepted tokens per draft)."""
+    methods = [m for m in results if m != "off"]
+    head = "| workload | conc. | off tok/s | " + " | ".join(
+        f"{m} tok/s | {m} ratio | {m} acceptance | {m} accepted per draft" for m in methods)
     lines = [f"CPU: {cpu_line()}; model: {args.model or 'embedded default'}; greedy, "
-             f"max_tokens {args.max_tokens}; best of {args.rounds} round(s) per cell",
-             "", "| workload | conc. | off tok/s | ngram tok/s | ratio | acceptance | "
-             "accepted per draft |", "|---|---|---|---|---|---|---|"]
+             f"max_tokens {args.max_tokens}; max(4, concurrency) requests per cell; best of "
+             f"{args.rounds} round(s) per cell", "", head + " |",
+             "|" + "---|" * (3 + 4 * len(methods))]
+    off = results.get("off") or {}
     for workload in args.workloads:
         for c in args.concurrency:
             key = f"{workload}@{c}"
-            a, b = (off or {}).get(key), (on or {}).get(key)
-            if a is None or b is None:
-                lines.append(f"| {workload} | {c} | failed | | | | |")
-                continue
-            rate = b["accepted"] / b["drafted"] if b["drafted"] else 0.0
-            per = b["accepted"] / b["drafts"] if b["drafts"] else 0.0
-            lines.append(f"| {workload} | {c} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | "
-                         f"{b['tok_s'] / a['tok_s']:.2f}x | {rate:.2f} | {per:.2f} |")
+            a = off.get(key)
+            row = f"| {workload} | {c} | " + (f"{a['tok_s']:.1f} |" if a else "failed |")
+            for m in methods:
+                b = (results.get(m) or {}).get(key)
+                if a is None or b is None:
+                    row += " failed | | | |"
+                    continue
+                rate = b["accepted"] / b["drafted"] if b["drafted"] else 0.0
+                per = b["accepted"] / b["drafts"] if b["drafts"] else 0.0
+                row += (f" {b['tok_s']:.1f} | {b['tok_s'] / a['tok_s']:.2f}x | {rate:.2f} | "
+                        f"{per:.2f} |")
+            lines.append(row)
     return "\n".join(lines)
 
 
@@ -163,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--methods", nargs="+", default=["ngram", "suffix"],
+                    choices=["ngram", "suffix"])
     ap.add_argument("--spec-arg", action="append", default=[],
-                    help="key=value of [speculative] for the 'on' server (repeatable)")
+                    help="key=value of [speculative] for the speculating servers (repeatable)")
     ap.add_argument("--out-dir", type=Path, default=Path("loadtest/results/speculative"))
     ap.add_argument("--update-benchmarks", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -172,22 +223,22 @@ def main(argv: list[str] | None = None) -> int:
     if not port_free(args.port):
         raise SystemExit(f"port {args.port} is taken")
     results: dict[str, dict[str, Any] | None] = {}
-    for label, extra in (("off", []), ("ngram", ["--speculative", "ngram"])):
+    for label, extra in [("off", [])] + [(m, ["--speculative", m]) for m in args.methods]:
         cmd = [str(REPO / ".venv" / "bin" / "hermes-async"), "serve", "--dtype", args.dtype,
                "--port", str(args.port), "--log-level", "warning", *extra]
         if args.model:
             cmd += ["--model", args.model]
         env = {}
-        if label == "ngram" and args.spec_arg:
-            config = args.out_dir / "speculative.toml"
+        if label != "off" and args.spec_arg:
+            config = args.out_dir / f"speculative-{label}.toml"
             keys = "\n".join(f"{k} = {v}" for k, v in (a.split("=", 1) for a in args.spec_arg))
-            config.write_text(f"[speculative]\nmethod = \"ngram\"\n{keys}\n")
+            config.write_text(f"[speculative]\nmethod = \"{label}\"\n{keys}\n")
             cmd += ["--config", str(config)]
         results[label] = serve_and_measure(
             label, cmd, env, args.port, args.out_dir / f"{label}.log", 600,
             lambda started: asyncio.run(measure(started, args)))
         (args.out_dir / f"{label}.json").write_text(json.dumps(results[label], indent=1))
-    text = report(results["off"], results["ngram"], args)
+    text = report(results, args)
     (args.out_dir / "report.md").write_text(text + "\n")
     print(text)
     if args.update_benchmarks:

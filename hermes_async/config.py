@@ -459,9 +459,11 @@ class SpeculativeConfig:
         forward is compute-bound and drafts cost more than they save).
     tree_depth: the tree keeps each answer's suffixes cut to this many tokens (the longest
         match plus its draft).
-    tree_max_answers, tree_max_tokens: a namespace's tree holds at most this many answers and
-        answer tokens (first in, first out; about ``tree_depth`` nodes per token).
-    tree_max_namespaces: trees kept, the least recently used dropped.
+    tree_max_answers: a namespace's tree holds at most this many answers (first in, first
+        out).
+    tree_max_mib: all namespaces' trees together stay under this (about ``tree_depth`` nodes
+        of 264 bytes per stored token of text that does not repeat); the oldest answers of any
+        namespace leave first.
     min_probability: the tree's drafts stop where the chance of the whole draft, by its
         counts, falls below this.
     adaptive: draft only as many tokens as pay, from the sequence's acceptance rate and the
@@ -474,18 +476,16 @@ class SpeculativeConfig:
     min_n: int = 2
     max_n: int = 4
     max_batch_seqs: int = 8
-    tree_depth: int = 24
+    tree_depth: int = 16
     tree_max_answers: int = 256
-    tree_max_tokens: int = 32768
-    tree_max_namespaces: int = 16
+    tree_max_mib: float = 64.0
     min_probability: float = 0.1
     adaptive: bool = True
 
     def __post_init__(self) -> None:
-        if self.tree_depth < 2 or self.tree_max_answers < 1 or self.tree_max_tokens < 1 \
-                or self.tree_max_namespaces < 1:
-            raise ConfigError("speculative: tree_depth >= 2 and tree_max_answers, "
-                              "tree_max_tokens, tree_max_namespaces >= 1 must hold")
+        if self.tree_depth < 2 or self.tree_max_answers < 1 or not self.tree_max_mib > 0:
+            raise ConfigError("speculative: tree_depth >= 2, tree_max_answers >= 1 and "
+                              "tree_max_mib > 0 must hold")
         if not 0.0 < self.min_probability <= 1.0:
             raise ConfigError("speculative.min_probability must be in (0, 1]")
         if self.method not in SPECULATIVE_METHODS:

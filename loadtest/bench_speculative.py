@@ -89,16 +89,17 @@ def messages(workload: str, i: int) -> list[dict[str, str]]:
 
 
 def spec_counters(base: str) -> tuple[float, float, float]:
-    """(drafts, drafted tokens, accepted tokens) from ``/metrics``."""
+    """(drafts, drafted tokens, accepted tokens) from ``/metrics`` (hermes' or vLLM's names,
+    summed over their labels)."""
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
         text = r.read().decode()
 
     def total(name: str) -> float:
-        m = re.search(rf"^{name}_total (\S+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
+        return sum(float(v) for prefix in ("hermes_", "vllm:") for v in
+                   re.findall(rf"^{prefix}{name}_total(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
-    return (total("hermes_spec_decode_num_drafts"), total("hermes_spec_decode_num_draft_tokens"),
-            total("hermes_spec_decode_num_accepted_tokens"))
+    return (total("spec_decode_num_drafts"), total("spec_decode_num_draft_tokens"),
+            total("spec_decode_num_accepted_tokens"))
 
 
 CITIES = ("Paris", "Oslo", "Lima", "Pune", "Kyiv", "Rome", "Cairo", "Quito", "Seoul", "Accra")
@@ -174,17 +175,52 @@ async def measure(started: Started, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def report(results: dict[str, dict[str, Any] | None], args: argparse.Namespace) -> str:
-    """One row per workload and concurrency: off's tok/s, then per method its tok/s, ratio
-    to off, acceptance rate and mean accepted length (accepted tokens per draft)."""
-    methods = [m for m in results if m != "off"]
-    head = "| workload | conc. | off tok/s | " + " | ".join(
+def proposer_cost(context_tokens: int = 8192, steps: int = 2000) -> str:
+    """Microseconds per step of each proposer on a long context (its first call also indexes
+    the prompt: reported apart)."""
+    import random as rnd
+
+    from hermes_async.engine.ngram import NgramIndex
+    from hermes_async.engine.suffix import AnswerTree
+
+    rng = rnd.Random(0)
+    tokens = [rng.randrange(32000) for _ in range(context_tokens)]
+    index = NgramIndex(2, 4)
+    t0 = time.perf_counter()
+    index.propose(tokens, 4)
+    first_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens.append(rng.randrange(32000))
+        index.propose(tokens, 4)
+    ngram_us = (time.perf_counter() - t0) / steps * 1e6
+    tree = AnswerTree(16, 256, 0.1)
+    for _ in range(64):
+        tree.add([rng.randrange(2000) for _ in range(500)])
+    t0 = time.perf_counter()
+    tree.add([rng.randrange(2000) for _ in range(500)])
+    add_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens.append(rng.randrange(2000))
+        tree.propose(tokens, 4, 2)
+    tree_us = (time.perf_counter() - t0) / steps * 1e6
+    return (f"Proposer cost per step (one sequence, {context_tokens}-token context): ngram "
+            f"{ngram_us:.1f} us (its first call indexes the prompt: {first_ms:.1f} ms); "
+            f"suffix tree lookup {tree_us:.1f} us over {tree.num_answers} stored answers "
+            f"({tree.num_nodes} nodes; adding a 500-token answer {add_ms:.1f} ms).")
+
+
+def report(results: dict[str, dict[str, Any] | None], args: argparse.Namespace,
+           baseline: str = "off") -> str:
+    """One row per workload and concurrency: the baseline's tok/s, then per method its tok/s,
+    ratio to the baseline, acceptance rate and mean accepted length (accepted tokens per
+    draft)."""
+    methods = [m for m in results if m != baseline]
+    head = f"| workload | conc. | {baseline} tok/s | " + " | ".join(
         f"{m} tok/s | {m} ratio | {m} acceptance | {m} accepted per draft" for m in methods)
-    lines = [f"CPU: {cpu_line()}; model: {args.model or 'embedded default'}; greedy, "
-             f"max_tokens {args.max_tokens}; max(4, concurrency) requests per cell; best of "
-             f"{args.rounds} round(s) per cell", "", head + " |",
-             "|" + "---|" * (3 + 4 * len(methods))]
-    off = results.get("off") or {}
+    lines = [head + " |", "|" + "---|" * (3 + 4 * len(methods))]
+    off = results.get(baseline) or {}
     for workload in args.workloads:
         for c in args.concurrency:
             key = f"{workload}@{c}"
@@ -214,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--methods", nargs="+", default=["ngram", "suffix"],
                     choices=["ngram", "suffix"])
+    ap.add_argument("--vllm", action="store_true",
+                    help="also vLLM (loadtest/peers/install.sh vllm) without and with its "
+                         "ngram proposer, as the anchor")
+    ap.add_argument("--no-hermes", action="store_true", help="only the vLLM servers")
     ap.add_argument("--spec-arg", action="append", default=[],
                     help="key=value of [speculative] for the speculating servers (repeatable)")
     ap.add_argument("--out-dir", type=Path, default=Path("loadtest/results/speculative"))
@@ -223,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     if not port_free(args.port):
         raise SystemExit(f"port {args.port} is taken")
     results: dict[str, dict[str, Any] | None] = {}
-    for label, extra in [("off", [])] + [(m, ["--speculative", m]) for m in args.methods]:
+    vllm_results: dict[str, dict[str, Any] | None] = {}
+    arms = [] if args.no_hermes else [("off", [])] + [(m, ["--speculative", m])
+                                                      for m in args.methods]
+    for label, extra in arms:
         cmd = [str(REPO / ".venv" / "bin" / "hermes-async"), "serve", "--dtype", args.dtype,
                "--port", str(args.port), "--log-level", "warning", *extra]
         if args.model:
@@ -238,7 +281,27 @@ def main(argv: list[str] | None = None) -> int:
             label, cmd, env, args.port, args.out_dir / f"{label}.log", 600,
             lambda started: asyncio.run(measure(started, args)))
         (args.out_dir / f"{label}.json").write_text(json.dumps(results[label], indent=1))
-    text = report(results, args)
+    if args.vllm:
+        from compare_peers import model_paths, server_command
+
+        hf, gguf = model_paths() if args.model is None else (Path(args.model), Path())
+        spec = json.dumps({"method": "ngram", "num_speculative_tokens": 4,
+                           "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+        for label, extra in (("vllm-off", []), ("vllm-ngram", ["--speculative-config", spec])):
+            cmd, env = server_command("vllm", args.port, hf, gguf, 2, args.dtype)
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", *extra]
+            vllm_results[label] = serve_and_measure(
+                label, cmd, env, args.port, args.out_dir / f"{label}.log", 900,
+                lambda started: asyncio.run(measure(started, args)))
+            (args.out_dir / f"{label}.json").write_text(json.dumps(vllm_results[label],
+                                                                    indent=1))
+    text = "\n".join([
+        f"CPU: {cpu_line()}; model: {args.model or 'embedded default'}; greedy, max_tokens "
+        f"{args.max_tokens}; max(4, concurrency) requests per cell; best of {args.rounds} "
+        "round(s) per cell", ""] + ([report(results, args)] if results else [])
+        + ["", proposer_cost()]
+        + (["", "vLLM (anchor, same run):", "", report(vllm_results, args, "vllm-off")]
+           if vllm_results else []))
     (args.out_dir / "report.md").write_text(text + "\n")
     print(text)
     if args.update_benchmarks:

@@ -92,6 +92,7 @@ class PendingToken:
     seq: Sequence
     sampled: SampledToken
     end: TokenEnd | None
+    length: int = 0  # len(seq.tokens) up to this token (after drafts, more may follow it)
 
 
 class EngineCore:
@@ -198,7 +199,7 @@ class EngineCore:
                     del seq.tokens[before + j + 1:]
                     seq.num_computed = min(seq.num_computed, len(seq.tokens))
                     self._retire(seq, pin=True)  # reason stop or length: a warm-up pins
-                self._deferred.append(PendingToken(seq, one, end))
+                self._deferred.append(PendingToken(seq, one, end, before + j + 1))
                 if end is not None:
                     break
         self.update_gauges()
@@ -355,6 +356,11 @@ class EngineCore:
         self._observe_latency(seq, now)
         self.metrics.generation_tokens.labels(req.namespace).inc()
         reason, text, emitted_ids = self._text_of(seq, sampled.token_id, item.end)
+        if reason is not None and item.length and len(seq.tokens) > item.length:
+            # a stop string in a token verification kept others after: they are not output
+            self._retire(seq, pin=True)
+            del seq.tokens[item.length:]
+            seq.num_computed = min(seq.num_computed, item.length)
         logprobs: tuple[TokenLogprob, ...] = ()
         if p.logprobs and sampled.logprob is not None:
             logprobs = (TokenLogprob(sampled.token_id, sampled.logprob, sampled.top_logprobs),)

@@ -100,9 +100,9 @@ class Drafter:
         self.spec = spec
         self.cost = StepCost()
         self.figures = DraftFigures()
-        self.trees = (AnswerTrees(spec.tree_max_namespaces, spec.tree_depth,
-                                  spec.tree_max_answers, spec.tree_max_tokens,
-                                  spec.min_probability) if spec.method == "suffix" else None)
+        self.trees = (AnswerTrees(int(spec.tree_max_mib * 2**20), spec.tree_depth,
+                                  spec.tree_max_answers, spec.min_probability)
+                      if spec.method == "suffix" else None)
 
     def propose(self, seq: Sequence, most: int, decodes: int) -> tuple[int, ...]:
         """Up to ``most`` tokens to follow ``seq``'s last one, as many as pay with ``decodes``

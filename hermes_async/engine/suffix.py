@@ -6,15 +6,16 @@ counts the stored suffixes through it. A sequence's draft starts at the deepest 
 tail reaches (the longest match) and follows the most frequent child while the product of the
 children's shares (the chance the whole draft is right, by the counts) stays at or above
 ``min_probability``, and never for more tokens than it matched (a short match earns a short
-draft). Answers leave first in, first out once the tree holds more than ``max_answers`` of them
-or ``max_tokens`` of their tokens; each namespace has its own tree (tenants never draft from
-each other's answers, as with the prefix cache), the least recently used dropped past
-``max_namespaces``. Torch-free.
+draft). Each namespace has its own tree (tenants never draft from each other's answers, as with
+the prefix cache) of at most ``max_answers`` answers, first in, first out; all trees together
+stay under ``max_bytes`` (``NODE_BYTES`` a node, measured with ``tracemalloc``: about
+``depth`` nodes per stored token of text that does not repeat), the oldest answers of any
+namespace leaving first. Torch-free.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,18 +38,20 @@ class TreeDraft:
     expected: float
 
 
+NODE_BYTES = 264  # one trie node with its share of its parent's child dict (CPython 3.11)
+
+
 class AnswerTree:
     """The suffix trie of one namespace's earlier answers (see the module docstring)."""
 
-    def __init__(self, depth: int, max_answers: int, max_tokens: int,
-                 min_probability: float) -> None:
-        if depth < 2 or max_answers < 1 or max_tokens < 1 or not 0.0 < min_probability <= 1.0:
-            raise ValueError("depth >= 2, max_answers >= 1, max_tokens >= 1 and "
-                             "0 < min_probability <= 1 must hold")
-        self.depth, self.max_answers, self.max_tokens = depth, max_answers, max_tokens
+    def __init__(self, depth: int, max_answers: int, min_probability: float) -> None:
+        if depth < 2 or max_answers < 1 or not 0.0 < min_probability <= 1.0:
+            raise ValueError("depth >= 2, max_answers >= 1 and 0 < min_probability <= 1 "
+                             "must hold")
+        self.depth, self.max_answers = depth, max_answers
         self.min_probability = min_probability
         self._root = _Node()
-        self._answers: deque[tuple[int, ...]] = deque()
+        self._answers: deque[tuple[int, tuple[int, ...]]] = deque()  # (serial, tokens)
         self.num_tokens = 0  # tokens of the stored answers
         self.num_nodes = 1
 
@@ -56,18 +59,27 @@ class AnswerTree:
     def num_answers(self) -> int:
         return len(self._answers)
 
-    def add(self, answer: Sequence[int]) -> None:
-        """Store one answer (its output tokens), dropping the oldest ones past the bounds."""
-        tokens = tuple(answer)[-self.max_tokens:]
+    @property
+    def oldest(self) -> int | None:
+        """The serial number of the oldest stored answer (None: empty)."""
+        return self._answers[0][0] if self._answers else None
+
+    def add(self, answer: Sequence[int], serial: int = 0) -> None:
+        """Store one answer (its output tokens), dropping the oldest past ``max_answers``."""
+        tokens = tuple(answer)
         if not tokens:
             return
-        self._answers.append(tokens)
+        self._answers.append((serial, tokens))
         self.num_tokens += len(tokens)
         self._walk(tokens, +1)
-        while len(self._answers) > self.max_answers or self.num_tokens > self.max_tokens:
-            old = self._answers.popleft()
-            self.num_tokens -= len(old)
-            self._walk(old, -1)
+        while len(self._answers) > self.max_answers:
+            self.pop_oldest()
+
+    def pop_oldest(self) -> None:
+        """Forget the oldest stored answer."""
+        _, old = self._answers.popleft()
+        self.num_tokens -= len(old)
+        self._walk(old, -1)
 
     def propose(self, context: Sequence[int], k: int, min_match: int = 1) -> TreeDraft | None:
         """Up to ``k`` tokens to follow ``context`` (a sequence's prompt and output), from its
@@ -124,38 +136,52 @@ def _size(node: _Node) -> int:
 
 
 class AnswerTrees:
-    """One :class:`AnswerTree` per cache namespace, the least recently used dropped past
-    ``max_namespaces``."""
+    """One :class:`AnswerTree` per cache namespace, all of them under ``max_bytes``."""
 
-    def __init__(self, max_namespaces: int, depth: int, max_answers: int, max_tokens: int,
+    def __init__(self, max_bytes: int, depth: int, max_answers: int,
                  min_probability: float) -> None:
-        self.max_namespaces = max_namespaces
-        self._args = (depth, max_answers, max_tokens, min_probability)
-        self._trees: OrderedDict[str | None, AnswerTree] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._args = (depth, max_answers, min_probability)
+        self._trees: dict[str, AnswerTree] = {}
+        self._order: deque[tuple[int, str]] = deque()  # (serial, namespace), oldest first
+        self._serial = 0
 
-    def get(self, namespace: str | None) -> AnswerTree | None:
+    @property
+    def num_bytes(self) -> int:
+        return NODE_BYTES * sum(t.num_nodes for t in self._trees.values())
+
+    def get(self, namespace: str) -> AnswerTree | None:
+        return self._trees.get(namespace)
+
+    def add(self, namespace: str, answer: Sequence[int]) -> None:
         tree = self._trees.get(namespace)
-        if tree is not None:
-            self._trees.move_to_end(namespace)
-        return tree
-
-    def add(self, namespace: str | None, answer: Sequence[int]) -> None:
-        tree = self.get(namespace)
         if tree is None:
             tree = self._trees[namespace] = AnswerTree(*self._args)
-            while len(self._trees) > self.max_namespaces:
-                self._trees.popitem(last=False)
-        tree.add(answer)
+        self._serial += 1
+        tree.add(answer, self._serial)
+        self._order.append((self._serial, namespace))
+        while self._order and self.num_bytes > self.max_bytes:
+            serial, ns = self._order.popleft()
+            old = self._trees.get(ns)
+            if old is not None and old.oldest == serial:  # else it already left its tree
+                old.pop_oldest()
+                if not old.num_answers:
+                    del self._trees[ns]
+        stored = sum(t.num_answers for t in self._trees.values())
+        if len(self._order) > 2 * stored + 64:  # answers that left by max_answers or drop
+            self._order = deque(sorted((serial, ns) for ns, t in self._trees.items()
+                                       for serial, _ in t._answers))
 
     def drop(self, namespace: str | None) -> None:
         """Forget one namespace's tree (None: every tree)."""
         if namespace is None:
             self._trees.clear()
+            self._order.clear()
         else:
-            self._trees.pop(namespace, None)
+            self._trees.pop(namespace, None)  # its entries in the order are skipped later
 
     def stats(self) -> dict[str, int]:
         trees = self._trees.values()
         return {"namespaces": len(self._trees), "answers": sum(t.num_answers for t in trees),
                 "tokens": sum(t.num_tokens for t in trees),
-                "nodes": sum(t.num_nodes for t in trees)}
+                "nodes": sum(t.num_nodes for t in trees), "bytes": self.num_bytes}

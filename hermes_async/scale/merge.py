@@ -85,6 +85,21 @@ def _mean_rate(parts: list[Mapping[str, Any]], key: str, weight: str) -> float |
     return round(num / den, 4) if den else None
 
 
+def merge_speculative(figures: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The replicas' speculative-decoding figures summed, rates recomputed from the sums
+    (None when no replica speculates)."""
+    if not figures:
+        return None
+    out: dict[str, Any] = {"method": figures[0].get("method")}
+    for key in ("drafts", "draft_tokens", "accepted_tokens"):
+        out[key] = sum(f.get(key, 0) for f in figures)
+    out["acceptance_rate"] = (out["accepted_tokens"] / out["draft_tokens"]
+                              if out["draft_tokens"] else 0.0)
+    out["mean_accepted_length"] = (out["accepted_tokens"] / out["drafts"]
+                                   if out["drafts"] else 0.0)
+    return out
+
+
 def merge_cache_stats(docs: Mapping[str, Mapping[str, Any]],
                       assembly: Mapping[str, Any]) -> dict[str, Any]:
     """One ``/cache/stats`` document of ``docs`` (replica name -> its document); the assembly
@@ -111,7 +126,10 @@ def merge_cache_stats(docs: Mapping[str, Mapping[str, Any]],
         used = blocks["total"] - blocks.get("free", 0)
         blocks["used_fraction"] = round(used / blocks["total"], 4)
     first = next(iter(docs.values()), {})
-    return {
+    speculative = merge_speculative([d["speculative"] for d in docs.values()
+                                     if "speculative" in d])
+    extra = {"speculative": speculative} if speculative is not None else {}
+    return {**extra,
         "time": max((d.get("time", 0) for d in docs.values()), default=0),
         "block_size": first.get("block_size"), "window_s": first.get("window_s"),
         "engine": engine, "blocks": blocks,

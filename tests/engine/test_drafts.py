@@ -11,7 +11,7 @@ import pytest
 
 from hermes_async.config import SpeculativeConfig
 from hermes_async.engine.drafts import Drafter, StepCost
-from hermes_async.engine.suffix import AnswerTree, AnswerTrees, _size
+from hermes_async.engine.suffix import NODE_BYTES, AnswerTree, AnswerTrees, _size
 
 
 def brute_force_match(answers: list[list[int]], context: list[int], depth: int, k: int,
@@ -37,7 +37,7 @@ def brute_force_match(answers: list[list[int]], context: list[int], depth: int, 
 def test_tree_matches_the_longest_tail_and_follows_the_most_frequent_answer(seed):
     rng = random.Random(seed)
     vocab, depth, k = rng.choice([3, 5, 12]), rng.randint(4, 10), rng.randint(1, 4)
-    tree = AnswerTree(depth, max_answers=6, max_tokens=10_000, min_probability=1e-9)
+    tree = AnswerTree(depth, max_answers=6, min_probability=1e-9)
     kept: list[list[int]] = []
     for _ in range(20):
         answer = [rng.randrange(vocab) for _ in range(rng.randint(1, 15))]
@@ -61,20 +61,46 @@ def test_tree_matches_the_longest_tail_and_follows_the_most_frequent_answer(seed
 
 
 def test_tree_bounds_and_removal():
-    tree = AnswerTree(depth=6, max_answers=100, max_tokens=20, min_probability=0.1)
+    tree = AnswerTree(depth=6, max_answers=3, min_probability=0.1)
     tree.add([1, 2, 3, 4, 5, 6, 7, 8])
     assert tree.propose([9, 1, 2, 3], 4).tokens == (4, 5, 6)  # no longer than the match
     for i in range(3):
-        tree.add([50 + i] * 8)  # 32 tokens > 20: the oldest answers leave
-    assert tree.num_tokens <= 20 and tree.propose([1, 2, 3], 4) is None
+        tree.add([50 + i] * 8)  # a fourth answer: the oldest leaves
+    assert tree.num_answers == 3 and tree.propose([1, 2, 3], 4) is None
     assert tree.num_nodes == _size(tree._root)
-    frequent = AnswerTree(depth=8, max_answers=10, max_tokens=1000, min_probability=0.5)
+    while tree.num_answers:
+        tree.pop_oldest()
+    assert tree.num_nodes == 1 and tree.num_tokens == 0  # nothing left behind
+    frequent = AnswerTree(depth=8, max_answers=10, min_probability=0.5)
     for tail in (7, 7, 7, 8):
         frequent.add([1, 2, 3, tail, 9])
     draft = frequent.propose([1, 2, 3], 3)
     assert draft.tokens == (7, 9) and draft.expected == pytest.approx(0.75 + 0.75)
     with pytest.raises(ValueError):
-        AnswerTree(1, 1, 1, 0.5)
+        AnswerTree(1, 1, 0.5)
+
+
+def test_trees_stay_under_their_bytes_oldest_answers_of_any_namespace_first():
+    rng = random.Random(1)
+    answers = [[rng.randrange(1000) for _ in range(30)] for _ in range(40)]
+    one = AnswerTree(8, 1000, 0.1)
+    one.add(answers[0])
+    budget = 5 * one.num_nodes * NODE_BYTES  # room for about five answers
+    trees = AnswerTrees(budget, 8, 1000, 0.1)
+    for i, a in enumerate(answers):
+        trees.add("ab"[i % 2], a)
+        assert trees.num_bytes <= budget
+    kept = trees.stats()["answers"]
+    assert 3 <= kept <= 6
+    last = answers[-1]
+    assert trees.get("b").propose(last[:5], 3).tokens == tuple(last[5:8])  # the newest stays
+    assert trees.get("a").propose(answers[0][:5], 3) is None  # the oldest left
+    for i in range(500):  # answers leaving by max_answers do not pile up in the order
+        trees.add("c", [i, i + 1])
+    assert len(trees._order) <= 2 * trees.stats()["answers"] + 64
+    trees.drop(None)
+    assert trees.stats() == {"namespaces": 0, "answers": 0, "tokens": 0, "nodes": 0,
+                             "bytes": 0}
 
 
 def fake_seq(tokens, namespace="a", prompt=None):
@@ -98,10 +124,6 @@ def test_namespaces_never_draft_from_each_other():
     own = fake_seq([3, 40, 41, 9, 3])  # its own context: 3 -> 40 (a 1-token match)
     assert drafter.propose(own, 2, 1) == ()  # below min_n = 2 in its own context...
     assert drafter.propose(fake_seq([2, 40, 9, 2, 3]), 2, 1) == (4, 5)  # ...the tree: 2 3
-    trees = AnswerTrees(2, 8, 1, 100, 0.1)
-    for ns in ("x", "y", "z"):
-        trees.add(ns, [1, 2, 3])
-    assert trees.get("x") is None and trees.stats()["namespaces"] == 2  # LRU past 2
 
 
 def test_step_cost_fit_and_break_even():

@@ -198,6 +198,29 @@ async def test_suffix_tree_drafts_from_earlier_answers_and_changes_nothing(tiny)
     assert sum(u.accepted_draft_tokens for u in usage) <= stats["accepted_tokens"]
 
 
+async def test_aborts_mid_draft_leave_nothing_held(tiny):
+    path, _ = tiny
+    engine = engine_for(path, NGRAM)
+    ps = copying_prompts(8, seed=9)
+
+    async def leave_after(p, outputs):
+        seen = 0
+        async for _ in engine.generate(token_ids=p, params=GREEDY):
+            seen += 1
+            if seen >= outputs:
+                break  # leaving the loop aborts the request
+
+    async with engine:
+        await asyncio.gather(*(leave_after(p, 1 + i % 3) for i, p in enumerate(ps)))
+        for _ in range(3):
+            await asyncio.sleep(0.05)
+        engine.check_integrity()
+        load = engine.load()
+    assert load.requests == load.running == load.waiting == 0
+    assert load.blocks.referenced == load.blocks.private == 0
+    assert accepted(engine)[0] > 0
+
+
 async def test_seeded_sampling_with_drafts_is_the_same_as_without(tiny):
     path, _ = tiny
     ps = copying_prompts(6, seed=4)
@@ -219,6 +242,7 @@ async def test_no_overshoot_and_the_rules_that_see_the_output(tiny):
     stop = plain[0][0][10]  # a token the first answer writes
     cases = [SamplingParams(max_tokens=5, temperature=0.0),
              SamplingParams(max_tokens=32, temperature=0.0, stop_token_ids=(stop,)),
+             SamplingParams(max_tokens=32, temperature=0.0, stop=(f"<{stop}>",)),
              SamplingParams(max_tokens=20, temperature=0.0, min_tokens=12,
                             stop_token_ids=(stop,)),
              SamplingParams(max_tokens=20, temperature=0.0, frequency_penalty=0.5,

@@ -58,6 +58,19 @@ def test_cache_stats_are_summed_and_rates_recomputed() -> None:
     assert t1["blocks"]["cached"] == 6 and t1["evicted_blocks"] == 2
     assert t1["assembly"] == {"queries": 4}
     assert set(doc["replicas"]) == {"a", "b"}
+    assert "speculative" not in doc  # no replica speculates
+
+
+def test_speculative_figures_are_summed_and_rates_recomputed() -> None:
+    a = stats(100, 50, "t1", queries=1, query_tokens=10, hit_tokens=0)
+    b = stats(100, 50, "t1", queries=1, query_tokens=10, hit_tokens=0)
+    a["speculative"] = {"method": "suffix", "drafts": 10, "draft_tokens": 40,
+                        "accepted_tokens": 30, "acceptance_rate": 0.75}
+    b["speculative"] = {"method": "suffix", "drafts": 30, "draft_tokens": 60,
+                        "accepted_tokens": 10, "acceptance_rate": 1 / 6}
+    spec = merge_cache_stats({"a": a, "b": b}, {})["speculative"]
+    assert spec["draft_tokens"] == 100 and spec["acceptance_rate"] == 0.4  # not the mean
+    assert spec["mean_accepted_length"] == 1.0
 
 
 def test_refusals_come_back_as_the_engine_exceptions() -> None:

@@ -34,7 +34,6 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
-    num_draft_tokens: int = 0  # of the decode tokens, drafted ones (speculative decoding)
     num_preempted: int = 0
     first_admissions: list[Sequence] = field(default_factory=list)  # their first admission
 
@@ -134,7 +133,6 @@ class Scheduler:
         for seq, step in chosen.values():
             if step.is_decode or step.num_drafts:  # a decode and its drafts
                 batch.num_decode_tokens += step.num_new_tokens
-                batch.num_draft_tokens += step.num_drafts
             else:
                 batch.num_prefill_tokens += step.num_new_tokens
             batch.seqs.append(seq)

@@ -24,7 +24,7 @@ from hermes_async.types import InvalidParameter
 @dataclass
 class RouteHint:
     """Routing input (set by the ingress) and outcome (set by the router); see the module
-    docstring. ``hashes``: :func:`~hermes_async.scale.prefix_index.block_hashes` of the
+    docstring. ``hashes``: :func:`~hermes_async.cache.digest.block_hashes` of the
     prompt; empty for calls that do not touch the cache. ``target``: a replica name the call
     must go to (fan-out); ``exclude``: replicas that refused it already."""
 

@@ -2,37 +2,23 @@
 choice of a replica for a request.
 
 The ingress tokenizes a request before routing, so the router sees ``(namespace, token ids)``.
-:func:`block_hashes` chains a hash over each full block of ``block_size`` tokens (the engines'
-block size), seeded with the namespace: tenants never match each other. :class:`ShadowIndex`
-keeps, per replica and namespace, the block hashes it routed there (LRU order, like the
-replicas' own eviction), and is corrected by what replicas report (:meth:`ShadowIndex.correct`:
-a restart or a cache reset drops the shadow, fewer cached blocks than shadowed trims its oldest
-entries). :func:`rank_replicas` sends a request to the replica with the longest shadowed prefix
-unless that replica's load exceeds the least loaded one's by more than ``margin``; then to the
-least loaded. Pure and synchronous: the Ray router calls it without blocking.
+``cache/digest.py`` ``block_hashes`` chains a hash over each full block of ``block_size`` tokens
+(the engines' block size), seeded with the namespace: tenants never match each other.
+:class:`ShadowIndex` keeps, per replica and namespace, the block hashes it routed there (LRU order,
+like the replicas' own eviction), and is corrected by what replicas report
+(:meth:`ShadowIndex.correct`: a restart or a cache reset drops the shadow, fewer cached blocks than
+shadowed trims its oldest entries). :func:`rank_replicas` sends a request to the replica with the
+longest shadowed prefix unless that replica's load exceeds the least loaded one's by more than
+``margin``; then to the least loaded. Pure and synchronous: the Ray router calls it without
+blocking.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-
-
-def block_hashes(namespace: str, token_ids: Sequence[int], block_size: int) -> list[bytes]:
-    """Chained digests of the full blocks of ``token_ids`` (block ``i``'s digest covers blocks
-    ``0..i`` and the namespace)."""
-    out: list[bytes] = []
-    prev = hashlib.blake2b(namespace.encode(), digest_size=12).digest()
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = token_ids[start:start + block_size]
-        h = hashlib.blake2b(prev, digest_size=12)
-        h.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in block))
-        prev = h.digest()
-        out.append(prev)
-    return out
 
 
 @dataclass

@@ -33,6 +33,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from hermes_async.builder import Front, build_front
+from hermes_async.cache.digest import block_hashes
 from hermes_async.config import EngineConfig
 from hermes_async.engine.async_engine import DEFAULT_NAMESPACE, CacheResetResult, WarmResult
 from hermes_async.engine.errors import EngineError, QueueFullError
@@ -53,7 +54,6 @@ from hermes_async.scale.messages import (
     ReplicaInfo,
     RouteHint,
 )
-from hermes_async.scale.prefix_index import block_hashes
 from hermes_async.types import FinishReason, InvalidParameter, SamplingParams
 
 log = logging.getLogger("hermes_async.scale")

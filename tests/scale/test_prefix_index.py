@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import random
 
-from hermes_async.scale.prefix_index import (
-    ReplicaReport,
-    ShadowIndex,
-    block_hashes,
-    rank_replicas,
-)
+from hermes_async.cache.digest import block_hashes
+from hermes_async.scale.prefix_index import ReplicaReport, ShadowIndex, rank_replicas
 
 BS = 4
 

@@ -188,3 +188,25 @@ class StepRunner(Protocol):
         requests only.
         """
         ...
+
+
+class KVBlockIO(Protocol):
+    """Whole KV blocks copied out of and into a runner's pool (the prefix cache's disk tier).
+
+    ``block_bytes``: the bytes of one block (every layer, K and V); ``fingerprint``: names
+    everything that makes a block's bytes mean the same KV (weights, dtype, quantization,
+    block size, KV layout and shape): blocks are only ever read back under the same one.
+    ``read_blocks`` copies blocks out (a read of the pool: safe beside a forward that does not
+    write them); ``write_blocks`` copies payloads into blocks no sequence uses yet. Both may run
+    in any thread.
+    """
+
+    block_bytes: int
+    fingerprint: str
+
+    def read_blocks(self, block_ids: Sequence[int]) -> list[bytes]:
+        ...
+
+    def write_blocks(self, block_ids: Sequence[int], payloads: Sequence[bytes | memoryview]
+                     ) -> None:
+        ...

@@ -16,7 +16,11 @@ Per request, on the event loop that owns the cache (no locks; nothing here await
 
 ``block_table(rid)`` is the runner's block table: tree blocks of the matched and committed path,
 then private blocks, in token order. Between steps a background task calls
-``evict_to_low_watermark()``, ``prune_forks()`` and ``expire_pins()``.
+``evict_to_low_watermark()``, ``prune_forks()``, ``expire_pins()`` and ``finish_loads()``.
+
+With a disk tier (:meth:`attach_disk`, :mod:`hermes_async.cache.disk_link`), evicted blocks
+are written to disk, and ``prepare(rid, namespace, prompt)`` before ``admit`` loads the blocks
+of a prompt found there (None while they load: try again later).
 
 Operator pins (``pin_request``/``pin_prefix``) hold a cached prefix like a running request would,
 for ``ttl_s`` seconds of ``wall_clock`` that restart whenever a request's match covers the whole
@@ -30,6 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from hermes_async.cache.block_pool import BlockPool
+from hermes_async.cache.disk_link import DiskLink
+from hermes_async.cache.disk_tier import DiskTier
 from hermes_async.cache.errors import CacheError
 from hermes_async.cache.integrity import check_manager
 from hermes_async.cache.pins import Pin, PinTable
@@ -69,6 +75,15 @@ class KVCacheManager:
         self._allocation_failures = 0
         self.pins = PinTable(num_blocks // 2 if max_pinned_blocks is None else max_pinned_blocks)
         self._wall_clock = wall_clock
+        self.disk: DiskLink | None = None
+
+    def attach_disk(self, tier: DiskTier, *, write_through: bool = False) -> None:
+        """Put ``tier`` under the tree: evicted blocks are written to it (``write_through``:
+        every block as soon as it is cached), and :meth:`prepare` loads matching ones back
+        before admission."""
+        if self.enable_prefix_caching:
+            self.disk = DiskLink(tier, self.tree, self.pool, self._requests, self._allocate)
+            self.disk.write_through = write_through
 
     @classmethod
     def from_config(cls, config: CacheConfig, num_blocks: int, block_size: int | None = None,
@@ -88,6 +103,28 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return 0
         return self.tree.match(namespace, token_ids, touch=False).matched_len
+
+    def prepare(self, request_id: str, namespace: str,
+                prompt_token_ids: Sequence[int]) -> int | None:
+        """Before :meth:`admit`: None while blocks of the prompt load from the disk tier (ask
+        again on a later step); else the request can be admitted now, and the answer is the
+        tokens loaded from disk for it (always 0 without a disk tier)."""
+        return 0 if self.disk is None else self.disk.prepare(request_id, namespace,
+                                                             prompt_token_ids)
+
+    def forget(self, request_id: str) -> None:
+        """A waiting request left (abort, failure) without being admitted."""
+        if self.disk is not None:
+            self.disk.forget(request_id)
+
+    @property
+    def num_loading(self) -> int:
+        """Loads from the disk tier in flight."""
+        return 0 if self.disk is None else self.disk.num_loading
+
+    def loads_finished(self) -> bool:
+        """Whether a disk load is done and waits to join the tree (the next plan takes it)."""
+        return self.disk is not None and self.disk.has_finished()
 
     def admit(self, request_id: str, namespace: str, prompt_token_ids: Sequence[int],
               num_new_tokens: int | None = None) -> Admission | None:
@@ -167,6 +204,8 @@ class KVCacheManager:
         res = self.tree.insert(st.namespace, token_ids[c * bs:full * bs],
                                st.block_table[c:full], parent=last)
         self.tree.lock(res.last_node, stop=last)
+        if self.disk is not None and self.disk.write_through and res.num_new:
+            self.disk.spill(res.path[len(res.path) - res.num_new:])
         to_free = list(res.pruned_block_ids)
         for i, node in enumerate(res.path, start=c):
             if st.block_table[i] != node.block_id:
@@ -270,14 +309,26 @@ class KVCacheManager:
         return min(used - math.floor(self.low_watermark * total), self.tree.num_unreferenced)
 
     def evict(self, n_blocks: int) -> int:
-        """Evict up to ``n_blocks`` LRU unreferenced cached blocks into the free list."""
-        freed = self.tree.evict(n_blocks)
+        """Evict up to ``n_blocks`` LRU unreferenced cached blocks into the free list (with a
+        disk tier, their KV is copied out for it first)."""
+        if self.disk is None:
+            freed = self.tree.evict(n_blocks)
+        else:
+            nodes: list[TreeNode] = []
+            freed = self.tree.evict(n_blocks, nodes)
+            self.disk.spill(nodes)
         self.pool.free(freed)
         return len(freed)
 
     def evict_to_low_watermark(self) -> int:
-        """The background eviction pass; returns the blocks freed."""
-        return self.evict(self.blocks_to_evict())
+        """The background eviction pass; returns the blocks freed. With a disk tier it evicts
+        no more than the tier's write backlog has room for (the next passes go on as the
+        writes drain), so background eviction never drops a block it could have written;
+        eviction for an allocation that needs blocks now is not held back."""
+        n = self.blocks_to_evict()
+        if n and self.disk is not None and self.disk.tier.enabled:
+            n = min(n, self.disk.tier.backlog_room())
+        return self.evict(n)
 
     def prune_forks(self) -> int:
         """The background fork-limit pass; returns the blocks freed."""
@@ -291,9 +342,11 @@ class KVCacheManager:
     def reset(self, namespace: str | None = None) -> int:
         """Drop the cached blocks and the operator pins of one namespace (or all); refuses,
         changing nothing, while a running request references blocks there."""
+        loading = self.disk.loading_namespaces() if self.disk is not None else set()
         busy = sorted({st.namespace for st in self._requests.values()
                        if st.last_node is not None
-                       and (namespace is None or st.namespace == namespace)})
+                       and (namespace is None or st.namespace == namespace)}
+                      | {ns for ns in loading if namespace is None or ns == namespace})
         if busy:
             raise CacheError("reset refused while running requests hold referenced blocks in "
                              f"{busy}")
@@ -301,7 +354,33 @@ class KVCacheManager:
             self.unpin(pin)
         freed = self.tree.reset(namespace)
         self.pool.free(freed)
+        if self.disk is not None:
+            self.disk.tier.remove(namespace)
         return len(freed)
+
+    def close_disk(self, timeout_s: float) -> None:
+        """A clean shutdown: finish the loads, write the cached blocks not on disk yet and the
+        queued writes, within about ``timeout_s``; then stop the tier's threads."""
+        if self.disk is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        self.disk.wait_all(timeout_s)
+        self.disk.save_all(max(0.0, deadline - time.monotonic()))
+        self.disk.tier.close(max(0.0, deadline - time.monotonic()))
+
+    def disk_stats(self) -> dict[str, object] | None:
+        """The disk tier's figures (``/cache/stats`` ``disk``), None without a tier."""
+        if self.disk is None:
+            return None
+        tier = self.disk.tier
+        return {"dir": str(tier.root), **tier.stats().as_dict(),
+                "hit_requests": self.disk.hit_requests,
+                "hit_tokens": self.disk.hit_blocks * self.block_size,
+                "loading": self.disk.num_loading}
+
+    def finish_loads(self) -> int:
+        """The background pass over disk loads: put finished ones into the tree."""
+        return 0 if self.disk is None else self.disk.finish_done()
 
     def check_integrity(self) -> None:
         """Raise :class:`IntegrityError` unless pool, tree and requests agree (full walk)."""

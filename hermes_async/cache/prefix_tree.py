@@ -153,15 +153,18 @@ class PrefixTree(TreeStore):
                 if not nd.children:
                     self._lru.add(nd)
 
-    def evict(self, n_blocks: int) -> list[int]:
+    def evict(self, n_blocks: int, evicted: list[TreeNode] | None = None) -> list[int]:
         """Free up to ``n_blocks`` unreferenced leaves, least recently used first; O(log n) each.
 
         A parent whose last child goes is evictable at once (and may go in the same call).
-        Fewer blocks come back only when nothing unreferenced is left. Returns the freed block ids.
+        Fewer blocks come back only when nothing unreferenced is left. Returns the freed block ids;
+        ``evicted``, when given, receives the nodes (children before their parents).
         """
         freed: list[int] = []
         while len(freed) < n_blocks and self._lru:
             node = self._lru.pop_oldest()
+            if evicted is not None:
+                evicted.append(node)
             self._stats[node.namespace].evicted_blocks += 1
             freed.append(self._drop_leaf(node))
         return freed

@@ -17,12 +17,13 @@ class TreeNode:
     ``ref_count`` is the number of holders (running requests and operator pins) whose
     referenced path contains this node.
     ``live`` turns False when the node leaves the tree (eviction, pruning, reset); a dead node
-    must not be passed back to the tree.
+    must not be passed back to the tree. ``digest`` caches the chained block digest
+    (:mod:`hermes_async.cache.digest`) once the disk tier asked for it.
     """
 
     __slots__ = (
         "node_id", "namespace", "token_ids", "block_id", "parent", "children",
-        "ref_count", "last_access_time", "live",
+        "ref_count", "last_access_time", "live", "digest",
     )
 
     def __init__(
@@ -43,6 +44,7 @@ class TreeNode:
         self.ref_count = 0
         self.last_access_time = now
         self.live = True
+        self.digest: bytes | None = None  # chained block digest, computed when first needed
 
     @property
     def is_root(self) -> bool:

@@ -6,10 +6,12 @@ touches engine state.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 
+from hermes_async.model.kv_blocks import PoolBlockIO, kv_fingerprint
 from hermes_async.model.runner import ModelRunner
 from hermes_async.model.sampler import Sampler
 from hermes_async.step import SampledToken, SamplingRequest, SequenceStep, accepted_samples
@@ -24,6 +26,17 @@ class StepExecutor:
         self.block_size = runner.block_size
         self.num_blocks = runner.num_blocks
         self.max_model_len = runner.max_model_len
+
+    @functools.cached_property
+    def kv_blocks(self) -> PoolBlockIO:
+        """Whole-block copies for the prefix cache's disk tier (the fingerprint is computed
+        on first use: it reads a little of each weight file)."""
+        r = self.model_runner
+        mc = r.model_config
+        fingerprint = kv_fingerprint(r.model_dir, dtype=r.dtype_name,
+                                     quantization=mc.quantization, activations=mc.activations,
+                                     attention=type(r.attention).__name__, pool=r.pool)
+        return PoolBlockIO(r.pool, fingerprint)
 
     def new_generator(self, seed: int, stream: int) -> torch.Generator:
         return self.sampler.new_generator(seed, stream=stream)

@@ -150,6 +150,16 @@ class CacheConfig:
     warm: prompts to prefill into the tree at start-up (e.g. after a template upgrade), each a
         table with exactly one of ``prompt`` (raw text) or ``messages`` (chat, rendered with the
         model's template), and optional ``namespace`` (default ``default``) and ``pin_ttl_s``.
+    disk_dir: the prefix cache's disk tier (off unless set; CLI ``--kv-cache-dir``): blocks
+        evicted from the pool are written there and loaded back when a prompt matches them,
+        also after a restart with the same model (``hermes_async.cache.disk_tier``).
+    disk_bytes: most bytes of block files kept on disk (least recently used go first).
+    disk_backlog_bytes: most bytes of evicted blocks waiting to be written; more are dropped
+        (counted), never waited for.
+    disk_shutdown_s: how long a clean shutdown may spend writing the pool's cached blocks.
+    disk_write_through: write every block to disk as soon as it is cached, not only when it
+        is evicted: replicas sharing ``disk_dir`` (Ray Serve on one machine or a shared file
+        system) then warm each other at once.
     """
 
     block_size: int | None = None
@@ -161,8 +171,19 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     max_pinned_fraction: float = 0.5
     warm: tuple[dict[str, Any], ...] = ()
+    disk_dir: str | None = None
+    disk_bytes: int = 16 << 30
+    disk_backlog_bytes: int = 256 << 20
+    disk_shutdown_s: float = 10.0
+    disk_write_through: bool = False
 
     def __post_init__(self) -> None:
+        if self.disk_dir is not None and not str(self.disk_dir).strip():
+            raise ConfigError("cache.disk_dir must be a directory path (or absent for no tier)")
+        if self.disk_bytes <= 0 or self.disk_backlog_bytes <= 0:
+            raise ConfigError("cache.disk_bytes and cache.disk_backlog_bytes must be positive")
+        if self.disk_shutdown_s < 0:
+            raise ConfigError("cache.disk_shutdown_s must be at least 0")
         if not 0.0 <= self.max_pinned_fraction <= 1.0:
             raise ConfigError("cache.max_pinned_fraction must be in [0, 1]")
         if not isinstance(self.warm, (list, tuple)):

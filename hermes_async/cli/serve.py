@@ -44,6 +44,10 @@ def register(subparsers: Any) -> None:
                        help="ngram: decodes draft the tokens that followed an earlier "
                             "occurrence of their suffix, verified in the same step "
                             "([speculative] in the config)")
+    serve.add_argument("--kv-cache-dir", default=None, metavar="DIR",
+                       help="the prefix cache's disk tier: evicted KV blocks are written to DIR "
+                            "and loaded back on a match, also after a restart "
+                            "(cache.disk_dir; bounded by cache.disk_bytes)")
     serve.add_argument("--api-key", default=None, help="require this key (tenant 'default')")
     serve.add_argument("--replicas", type=int, default=None,
                        help="N >= 2 engine replicas behind one endpoint on Ray Serve (the "
@@ -90,7 +94,11 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
     speculative: dict[str, Any] = {}
     if getattr(args, "speculative", None):
         speculative["method"] = args.speculative
-    return cfg.replace(model=model, server=server, ray=ray, speculative=speculative)
+    cache: dict[str, Any] = {}
+    if getattr(args, "kv_cache_dir", None):
+        cache["disk_dir"] = args.kv_cache_dir
+    return cfg.replace(model=model, server=server, ray=ray, speculative=speculative,
+                       cache=cache)
 
 
 RAY_MISSING = ("hermes-async: --replicas/--ray/--ray-address serve on Ray Serve, which is not "

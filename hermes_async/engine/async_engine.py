@@ -166,9 +166,18 @@ class AsyncEngine(FrontMethods):
         if parts.grammars is not None:
             grammars = parts.grammars
             self.metrics.bind_grammar_figures(lambda: grammars.stats().as_dict())
-        self.core = EngineCore(self.config, parts.runner, parts.eos_token_ids,
-                               parts.output_text, self.metrics, self.observer)
         self._wake = asyncio.Event()
+        loop, wake = asyncio.get_running_loop(), self._wake
+
+        def wake_from_thread() -> None:  # a disk load finished (the tier's loader thread)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to wake
+                loop.call_soon_threadsafe(wake.set)
+
+        self.core = EngineCore(self.config, parts.runner, parts.eos_token_ids,
+                               parts.output_text, self.metrics, self.observer,
+                               wake=wake_from_thread)
+        if self.core.cache.disk is not None:
+            self.metrics.bind_disk_figures(self.core.cache.disk_stats)
         self._accepting = True
         self._tasks = [asyncio.create_task(self._step_loop(), name="hermes-step-loop"),
                        asyncio.create_task(self._background_loop(), name="hermes-background")]
@@ -216,7 +225,9 @@ class AsyncEngine(FrontMethods):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-        self.core.cache.check_integrity()
+        core = self.core
+        await asyncio.get_running_loop().run_in_executor(None, core.close)  # the disk tier
+        core.cache.check_integrity()
         self.core = None
 
     async def __aenter__(self) -> AsyncEngine:
@@ -485,7 +496,12 @@ class AsyncEngine(FrontMethods):
             batch = core.plan_step()
             if not batch.steps:
                 core.emit_deferred()
-                await asyncio.sleep(0)
+                if core.cache.num_loading and not core.cache.loads_finished():
+                    self._wake.clear()  # waiting on disk loads: their thread wakes the loop
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), 0.05)
+                else:
+                    await asyncio.sleep(0)
                 continue
             await self._run_step(core, batch)
             if not overlap:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from hermes_async.cache.disk_tier import DiskTier
 from hermes_async.cache.manager import KVCacheManager
 from hermes_async.cache.pins import PinLimitError
-from hermes_async.config import EngineConfig
+from hermes_async.config import CacheConfig, EngineConfig
 from hermes_async.engine.drafts import Drafter
 from hermes_async.engine.parts import OutputTextFactory
 from hermes_async.engine.request import (
@@ -100,7 +102,7 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, runner: StepRunner, eos_token_ids: frozenset[int],
                  output_text: OutputTextFactory, metrics: EngineMetrics,
-                 observer: CacheObserver) -> None:
+                 observer: CacheObserver, wake: Callable[[], None] | None = None) -> None:
         self.config = config
         self.runner = runner
         self.eos_token_ids = eos_token_ids
@@ -109,6 +111,8 @@ class EngineCore:
         self.observer = observer
         self.cache = KVCacheManager.from_config(config.cache, runner.num_blocks,
                                                 runner.block_size)
+        if config.cache.disk_dir is not None:
+            self._attach_disk(config.cache, wake)
         self.max_model_len = served_max_model_len(runner)
         if self.max_model_len < runner.max_model_len:
             cache = config.cache
@@ -233,8 +237,9 @@ class EngineCore:
             self._fail_request(req, f"model execution failed: {error}", "engine_error")
 
     def background(self) -> None:
-        """Expired pins, eviction to the low watermark and fork-limit pruning (between
-        steps)."""
+        """Expired pins, eviction to the low watermark, fork-limit pruning and finished disk
+        loads (between steps)."""
+        self.cache.finish_loads()
         self.cache.expire_pins()
         evicted = self.cache.evict_to_low_watermark()
         if evicted:
@@ -243,7 +248,28 @@ class EngineCore:
         if pruned:
             self.metrics.pruned_nodes.inc(pruned)
 
+    def close(self) -> None:
+        """The engine stops: with a disk tier, the cached blocks go to disk (bounded by
+        ``cache.disk_shutdown_s``)."""
+        self.cache.close_disk(self.config.cache.disk_shutdown_s)
+
     # ----- internals --------------------------------------------------------------------------
+    def _attach_disk(self, cache: CacheConfig, wake: Callable[[], None] | None) -> None:
+        io = getattr(self.runner, "kv_blocks", None)
+        if io is None:
+            log.warning("cache.disk_dir is set, but this runner cannot copy KV blocks: no disk "
+                        "tier")
+            return
+        tier = DiskTier.open(cache.disk_dir, cache.disk_bytes, io,  # type: ignore[arg-type]
+                             block_size=self.runner.block_size,
+                             backlog_bytes=cache.disk_backlog_bytes, notify=wake)
+        if tier is not None:
+            self.cache.attach_disk(tier, write_through=cache.disk_write_through)
+            st = tier.stats()
+            log.info("KV disk tier in %s: %d blocks (%.1f MiB) of at most %.1f MiB, %d bytes "
+                     "per block", tier.root, st.blocks, st.bytes / 2**20, st.max_bytes / 2**20,
+                     tier.file_bytes)
+
     def _sampling_request(self, seq: Sequence, ahead: tuple[int, ...] = ()) -> SamplingRequest:
         """``seq``'s sampling inputs for its next token, or, with ``ahead`` (drafted tokens),
         for the token after them as if they were its output already (penalties, ``min_tokens``
@@ -287,7 +313,8 @@ class EngineCore:
         ns = seq.request.namespace
         matched = seq.cached_tokens or 0
         self.metrics.prefix_matched.labels(ns).observe(matched)
-        self.observer.on_admission(ns, seq.tokens[:seq.num_prompt_tokens], matched)
+        self.observer.on_admission(ns, seq.tokens[:seq.num_prompt_tokens], matched,
+                                   seq.disk_tokens)
         log.debug("request %s admitted: start_position=%d of %d prompt tokens", seq.seq_id,
                   matched, seq.num_prompt_tokens)
 

@@ -126,6 +126,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose KV is in the pool
     admit_order: int = -1  # set on each admission; larger = more recent
     cached_tokens: int | None = None  # matched length at first admission
+    disk_tokens: int = 0  # of those, loaded back from the disk tier for it
     finish_reason: FinishReason | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

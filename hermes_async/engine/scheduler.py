@@ -5,7 +5,9 @@ budget and a sequence cap:
 
 1. every running decode (one token each, oldest admission first): decodes are never starved;
 2. the next chunk of every running prefill that is not finished (long prompts are chunked);
-3. new admissions from the waiting queue, each starting at its matched (cached) length.
+3. new admissions from the waiting queue, each starting at its matched (cached) length; one
+   whose prompt continues on the disk tier waits (skipped, not blocking others) until those
+   blocks are loaded back, then starts past them.
 
 When the KV pool cannot hold a running sequence's next token even after eviction, the most
 recently admitted sequence is preempted: its blocks are released (its committed blocks stay in
@@ -89,6 +91,7 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(seq)
+            self.cache.forget(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
 
     @property
@@ -168,7 +171,7 @@ class Scheduler:
     def pop_unfittable(self) -> Sequence | None:
         """When nothing runs and the head of the queue still cannot be admitted, the pool is
         too small for it: take it out so the caller can fail it (else it would wait forever)."""
-        if self.running or not self.waiting:
+        if self.running or not self.waiting or self.cache.num_loading:
             return None
         return self.waiting.popleft()
 
@@ -210,8 +213,10 @@ class Scheduler:
         skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(chosen) < self.config.max_num_seqs:
             seq = self._next_waiting()
-            if not self._ready(seq):
-                skipped.append(seq)
+            loaded = self.cache.prepare(seq.seq_id, seq.request.namespace, seq.tokens) \
+                if self._ready(seq) else None
+            if loaded is None:
+                skipped.append(seq)  # siblings wait for the first; a prompt's blocks load
                 continue
             admission = self.cache.admit(seq.seq_id, seq.request.namespace, seq.tokens,
                                          num_new_tokens=budget)
@@ -224,6 +229,7 @@ class Scheduler:
             seq.num_computed = admission.matched_len
             if seq.cached_tokens is None:
                 seq.cached_tokens = admission.matched_len
+                seq.disk_tokens = min(loaded, admission.matched_len)
                 first.append(seq)
             self.running.append(seq)
             n = min(len(seq.tokens) - seq.num_computed, budget)

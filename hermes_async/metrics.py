@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 CacheTotals = Mapping[str, Mapping[str, Mapping[str, float]]]
@@ -26,6 +26,8 @@ CACHE_COUNTERS = (  # (metric name, help, group, figure)
      "query_tokens"),
     ("hermes_prefix_cache_hits", "Prompt tokens found in the prefix cache", "prefix",
      "hit_tokens"),
+    ("hermes_prefix_cache_disk_hits", "Prompt tokens of those hits loaded back from the disk "
+     "tier", "prefix", "disk_hit_tokens"),
     ("hermes_assembly_cache_queries", "Prompt assemblies requested", "assembly", "queries"),
     ("hermes_assembly_cache_hits", "Prompt assemblies served whole from the cache", "assembly",
      "hits"),
@@ -67,6 +69,45 @@ class GrammarFigures(Collector):
         figures = self._figures()
         for name, doc, figure in GRAMMAR_COUNTERS:
             yield CounterMetricFamily(name, doc, value=float(figures.get(figure, 0.0)))
+
+
+DISK_FIGURES = (  # (metric name, help, figure of the disk tier's stats, counter?)
+    ("hermes_kv_disk_enabled", "1 while the prefix cache's disk tier works", "enabled", False),
+    ("hermes_kv_disk_blocks", "KV blocks on the disk tier", "blocks", False),
+    ("hermes_kv_disk_bytes", "Bytes of KV block files on the disk tier", "bytes", False),
+    ("hermes_kv_disk_max_bytes", "The disk tier's byte bound", "max_bytes", False),
+    ("hermes_kv_disk_write_backlog_blocks", "Evicted blocks waiting to be written",
+     "backlog_blocks", False),
+    ("hermes_kv_disk_written_blocks", "KV blocks written to the disk tier", "written_blocks",
+     True),
+    ("hermes_kv_disk_loaded_blocks", "KV blocks loaded back from the disk tier",
+     "loaded_blocks", True),
+    ("hermes_kv_disk_load_seconds", "Time spent loading blocks back (reading, checking, "
+     "copying into the pool)", "load_seconds", True),
+    ("hermes_kv_disk_removed_blocks", "Block files removed by the byte bound",
+     "removed_blocks", True),
+    ("hermes_kv_disk_dropped_blocks", "Evicted blocks not written: the backlog was full",
+     "dropped_blocks", True),
+    ("hermes_kv_disk_corrupt_files", "Corrupt, truncated or foreign block files dropped",
+     "corrupt_files", True),
+    ("hermes_kv_disk_write_errors", "Write errors (each turns the tier off)", "write_errors",
+     True),
+)
+
+
+class DiskFigures(Collector):
+    """Exports the prefix cache's disk tier figures (``KVCacheManager.disk_stats()``)."""
+
+    def __init__(self, figures: Callable[[], Mapping[str, object] | None]) -> None:
+        self._figures = figures
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        figures = self._figures()
+        if figures is None:
+            return
+        for name, doc, figure, counter in DISK_FIGURES:
+            family = CounterMetricFamily if counter else GaugeMetricFamily
+            yield family(name, doc, value=float(figures.get(figure, 0.0)))  # type: ignore[arg-type]
 
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
@@ -135,6 +176,7 @@ class EngineMetrics:
 
         self._cache_figures: CacheFigures | None = None
         self._grammar_figures: GrammarFigures | None = None
+        self._disk_figures: DiskFigures | None = None
 
     def bind_cache_figures(self, totals: Callable[[], CacheTotals]) -> None:
         """Export ``totals()`` (the cache observer's) as the cache counters; rebinding (an
@@ -150,6 +192,13 @@ class EngineMetrics:
             self.registry.unregister(self._grammar_figures)
         self._grammar_figures = GrammarFigures(figures)
         self.registry.register(self._grammar_figures)
+
+    def bind_disk_figures(self, figures: Callable[[], Mapping[str, object] | None]) -> None:
+        """Export ``figures()`` (the disk tier's) as the ``hermes_kv_disk_*`` metrics."""
+        if self._disk_figures is not None:
+            self.registry.unregister(self._disk_figures)
+        self._disk_figures = DiskFigures(figures)
+        self.registry.register(self._disk_figures)
 
     def exposition(self) -> bytes:
         """Prometheus text format of every metric in this registry."""

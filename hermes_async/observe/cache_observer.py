@@ -20,7 +20,7 @@ from hermes_async.cache.prefix_tree import PrefixTree
 from hermes_async.observe.divergence import DivergenceDetector
 from hermes_async.observe.window import RollingSums
 
-PREFIX_KEYS = ("queries", "query_tokens", "hit_tokens")
+PREFIX_KEYS = ("queries", "query_tokens", "hit_tokens", "disk_hit_tokens")
 ASSEMBLY_KEYS = ("queries", "hits", "partial")
 
 
@@ -47,11 +47,13 @@ class CacheObserver:
         self._figures: dict[str, _NamespaceFigures] = {}
 
     # ----- events -----------------------------------------------------------------------------
-    def on_admission(self, namespace: str, prompt_ids: Sequence[int], matched_len: int) -> None:
-        """A request's first admission: ``matched_len`` of its prompt came from the cache."""
+    def on_admission(self, namespace: str, prompt_ids: Sequence[int], matched_len: int,
+                     disk_tokens: int = 0) -> None:
+        """A request's first admission: ``matched_len`` of its prompt came from the cache,
+        ``disk_tokens`` of them loaded back from the disk tier for it."""
         f = self._for(namespace)
         values = {"queries": 1.0, "query_tokens": float(len(prompt_ids)),
-                  "hit_tokens": float(matched_len)}
+                  "hit_tokens": float(matched_len), "disk_hit_tokens": float(disk_tokens)}
         _add(f.prefix, values)
         f.prefix_window.add(**values)
         self.detector.observe(namespace, prompt_ids, matched_len)
@@ -136,6 +138,7 @@ class CacheObserver:
             "totals": {"prefix": prefix_figures(tot_prefix, tot_prefix_w),
                        "assembly": assembly_figures(tot_asm, tot_asm_w)},
             "namespaces": per_ns,
+            **({"disk": cache.disk_stats()} if cache.disk is not None else {}),
         }
 
     def _point_dict(self, point: dict[str, Any]) -> dict[str, Any]:
@@ -158,9 +161,9 @@ class CacheObserver:
 
 def prefix_figures(total: dict[str, float], window: dict[str, float]) -> dict[str, Any]:
     """Prefix-cache hit rates (token-weighted) and mean matched lengths; None without data."""
-    def rate(d: dict[str, float]) -> float | None:
+    def rate(d: dict[str, float], key: str = "hit_tokens") -> float | None:
         q = d.get("query_tokens", 0.0)
-        return round(d.get("hit_tokens", 0.0) / q, 4) if q else None
+        return round(d.get(key, 0.0) / q, 4) if q else None
 
     def mean(d: dict[str, float]) -> float | None:
         n = d.get("queries", 0.0)
@@ -169,7 +172,10 @@ def prefix_figures(total: dict[str, float], window: dict[str, float]) -> dict[st
     return {"hit_rate_1m": rate(window), "hit_rate": rate(total),
             "queries_1m": int(window.get("queries", 0)), "queries": int(total["queries"]),
             "query_tokens": int(total["query_tokens"]), "hit_tokens": int(total["hit_tokens"]),
-            "mean_matched_len_1m": mean(window), "mean_matched_len": mean(total)}
+            "mean_matched_len_1m": mean(window), "mean_matched_len": mean(total),
+            "disk_hit_rate_1m": rate(window, "disk_hit_tokens"),
+            "disk_hit_rate": rate(total, "disk_hit_tokens"),
+            "disk_hit_tokens": int(total.get("disk_hit_tokens", 0))}
 
 
 def assembly_figures(total: dict[str, float], window: dict[str, float]) -> dict[str, Any]:

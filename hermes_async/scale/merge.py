@@ -65,13 +65,36 @@ _NS_KEYS = ("evicted_blocks", "pruned_blocks", "pruned_subtrees", "short_prompts
 
 def _prefix(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Summed prefix figures (since start: exact; the 1-minute window: queries only)."""
-    total = {"queries": 0.0, "query_tokens": 0.0, "hit_tokens": 0.0}
+    keys = ("queries", "query_tokens", "hit_tokens", "disk_hit_tokens")
+    total = dict.fromkeys(keys, 0.0)
     for p in parts:
-        _sum_into(total, p, ("queries", "query_tokens", "hit_tokens"))
+        _sum_into(total, p, keys)
     window = {"queries": sum(p.get("queries_1m") or 0 for p in parts)}
     out = prefix_figures(total, window)
-    out["hit_rate_1m"] = _mean_rate(parts, "hit_rate_1m", "queries_1m")
-    out["mean_matched_len_1m"] = _mean_rate(parts, "mean_matched_len_1m", "queries_1m")
+    for key in ("hit_rate_1m", "mean_matched_len_1m", "disk_hit_rate_1m"):
+        out[key] = _mean_rate(parts, key, "queries_1m")
+    return out
+
+
+_DISK_SUMS = ("written_blocks", "written_bytes", "removed_blocks", "dropped_blocks",
+              "backlog_blocks", "backlog_bytes", "loads", "loaded_blocks", "loaded_bytes",
+              "load_seconds", "missing_files", "corrupt_files", "write_errors", "hit_requests",
+              "hit_tokens", "loading")
+
+
+def merge_disk(figures: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The replicas' disk tiers: counters summed; ``blocks``/``bytes`` of the largest view
+    (replicas on one directory see the same files); enabled only if every tier is."""
+    if not figures:
+        return None
+    out: dict[str, Any] = {}
+    for f in figures:
+        _sum_into(out, f, _DISK_SUMS)
+    for key in ("blocks", "bytes", "max_bytes"):
+        out[key] = max(f.get(key, 0) for f in figures)
+    out["enabled"] = all(f.get("enabled", False) for f in figures)
+    out["reason"] = "; ".join(sorted({f["reason"] for f in figures if f.get("reason")}))
+    out["dirs"] = sorted({f.get("dir", "") for f in figures})
     return out
 
 
@@ -129,6 +152,9 @@ def merge_cache_stats(docs: Mapping[str, Mapping[str, Any]],
     speculative = merge_speculative([d["speculative"] for d in docs.values()
                                      if "speculative" in d])
     extra = {"speculative": speculative} if speculative is not None else {}
+    disk = merge_disk([d["disk"] for d in docs.values() if "disk" in d])
+    if disk is not None:
+        extra["disk"] = disk
     return {**extra,
         "time": max((d.get("time", 0) for d in docs.values()), default=0),
         "block_size": first.get("block_size"), "window_s": first.get("window_s"),

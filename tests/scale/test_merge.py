@@ -73,6 +73,23 @@ def test_speculative_figures_are_summed_and_rates_recomputed() -> None:
     assert spec["mean_accepted_length"] == 1.0
 
 
+def test_disk_tier_figures_are_summed_and_the_disk_hit_rate_recomputed() -> None:
+    a = stats(100, 50, "t1", queries=1, query_tokens=100, hit_tokens=80)
+    b = stats(100, 50, "t1", queries=1, query_tokens=300, hit_tokens=0)
+    a["totals"]["prefix"]["disk_hit_tokens"] = 64
+    a["disk"] = {"enabled": True, "blocks": 10, "bytes": 1000, "max_bytes": 5000,
+                 "loaded_blocks": 4, "hit_tokens": 64, "corrupt_files": 1, "dir": "/kv/x"}
+    b["disk"] = {"enabled": True, "blocks": 12, "bytes": 1200, "max_bytes": 5000,
+                 "loaded_blocks": 0, "hit_tokens": 0, "corrupt_files": 2, "dir": "/kv/x"}
+    doc = merge_cache_stats({"a": a, "b": b}, {})
+    assert doc["totals"]["prefix"]["disk_hit_rate"] == 0.16  # 64 of 400 prompt tokens
+    disk = doc["disk"]
+    assert disk["blocks"] == 12 and disk["bytes"] == 1200  # one shared directory: not summed
+    assert disk["loaded_blocks"] == 4 and disk["corrupt_files"] == 3 and disk["enabled"]
+    assert disk["dirs"] == ["/kv/x"]
+    assert "disk" not in merge_cache_stats({"a": stats(1, 1, "t", 1, 1, 0)}, {})
+
+
 def test_refusals_come_back_as_the_engine_exceptions() -> None:
     assert isinstance(Refused.of("r", QueueFullError("full")).error(), QueueFullError)
     err = Refused.of("r", InvalidParameter("max_tokens", "too many", code="x")).error()

@@ -13,6 +13,7 @@ chromium-driver``).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import os
 import re
@@ -69,7 +70,7 @@ def test_dashboard_page_is_self_contained_with_a_strict_csp(fake_srv):
     assert not re.search(r"url\(\s*['\"]?\s*(?:https?:)?//|@import", html, re.I)
     # the DOM hooks the browser test (and anyone scripting the page) reads
     for hook in ('id="latest"', 'id="chart"', 'data-points=', 'id="divergence-table"',
-                 'id="error"', 'id="namespace"', 'id="key"'):
+                 'id="error"', 'id="namespace"', 'id="key"', 'id="disk-hit-rate"'):
         assert hook in html
 
     csp = dict(d.strip().split(" ", 1) for d in headers["Content-Security-Policy"].split(";"))
@@ -87,8 +88,11 @@ def test_dashboard_page_is_self_contained_with_a_strict_csp(fake_srv):
 
 # ----- the page in headless Chromium against the real server ------------------------------------
 @pytest.fixture(scope="module")
-def srv(default_model_dir):
-    s = ServerThread(real_config(default_model_dir, server={"api_keys": {KEY: TENANT}})).start()
+def srv(default_model_dir, tmp_path_factory):
+    cfg = real_config(default_model_dir, server={"api_keys": {KEY: TENANT}})
+    disk = tmp_path_factory.mktemp("dashboard-kv")  # the disk tier's card shows a hit rate
+    cfg = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, disk_dir=str(disk)))
+    s = ServerThread(cfg).start()
     yield s
     s.stop()
 
@@ -132,6 +136,14 @@ def send_workload(srv) -> None:
     for q in QUESTIONS:
         chat(srv, SYSTEM, q)
     assert chat(srv, SYSTEM, QUESTIONS[0])["prompt_tokens_details"]["cached_tokens"] > 0
+
+    def evict() -> None:  # the system prompt leaves the pool for the disk tier
+        cache = srv.engine.core.cache
+        cache.evict(cache.pool.num_blocks)
+        assert cache.disk.tier.flush(30)
+
+    srv.call(evict)
+    assert chat(srv, SYSTEM, QUESTIONS[1])["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 def figure(driver, name: str) -> float:
@@ -206,7 +218,8 @@ def test_dashboard_in_chromium(srv, driver, tmp_path):
     def ready(d) -> bool:
         rows = d.find_elements(By.CSS_SELECTOR, "#divergence-table tbody tr")
         return (figure(d, "prefix-hit-rate") > 0 and figure(d, "assembly-hit-rate") > 0
-                and figure(d, "mean-matched-len") > 0 and len(rows) > 0)
+                and figure(d, "mean-matched-len") > 0 and figure(d, "disk-hit-rate") > 0
+                and len(rows) > 0)
 
     try:
         wait.until(ready)
@@ -217,6 +230,9 @@ def test_dashboard_in_chromium(srv, driver, tmp_path):
     assert 0 < figure(driver, "prefix-hit-rate") <= 1
     assert 0 < figure(driver, "assembly-hit-rate") <= 1
     assert driver.find_element(By.ID, "prefix-hit-rate").text.endswith("%")
+    assert 0 < figure(driver, "disk-hit-rate") < figure(driver, "prefix-hit-rate")
+    assert driver.find_element(By.ID, "disk-hit-rate").text.endswith("%")
+    assert "on disk" in driver.find_element(By.ID, "disk-detail").text
     row = driver.find_element(By.CSS_SELECTOR, "#divergence-table tbody tr")
     cells = row.find_elements(By.TAG_NAME, "td")
     assert cells[0].text == TENANT

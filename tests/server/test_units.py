@@ -82,6 +82,9 @@ def test_cli_flags_over_file_over_defaults(tmp_path):
     assert cfg.server.host == "0.0.0.0"
     cfg = build_config(args(replicas=3, ray_address="10.0.0.1:6379"))
     assert (cfg.ray.replicas, cfg.ray.address) == (3, "10.0.0.1:6379")
+    cfg = build_config(args(config=str(path), kv_cache_dir="/var/kv"))
+    assert cfg.cache.disk_dir == "/var/kv" and cfg.model.dtype == "bfloat16"
+    assert build_config(args()).cache.disk_dir is None
 
 
 # ----- auth ---------------------------------------------------------------------------------

@@ -52,6 +52,20 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     state.start()
     yield
     await state.stop()
+    _forget_middleware_chains()
+
+
+def _forget_middleware_chains() -> None:
+    """Drop aiohttp's process-wide cache of middleware chains (an ``lru_cache`` of up to 1024
+    entries keyed by handler and app): each entry holds its app, so a stopped app, its engine
+    and the model's weights would stay in memory for as long as the process lives (a process
+    that starts several servers, such as a test suite or a program embedding them, would grow
+    by a model per server). Other apps only rebuild their chains on their next request."""
+    from aiohttp import web_app
+
+    cached = getattr(web_app, "_cached_build_middleware", None)
+    if cached is not None and hasattr(cached, "cache_clear"):
+        cached.cache_clear()
 
 
 async def _on_shutdown(app: web.Application) -> None:

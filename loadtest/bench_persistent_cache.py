@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import shutil
@@ -144,6 +145,8 @@ async def ttft_cases(model_dir: Path, tokens: int, work: Path, dtype: str,
         core.runner.model_runner.pool.tensor.zero_()  # type: ignore[attr-defined]
         out["tier2_hit"] = await first_token(engine, prompt(system, 2, vocab))
         out["disk"] = engine.cache_stats()["disk"]
+    del engine, core, tier
+    gc.collect()  # one model in memory at a time: the restarted engine loads its own
     t0 = time.perf_counter()
     async with model_engine(model_dir, disk, kv_bytes, dtype, max_len) as engine:
         out["restart_start_s"] = time.perf_counter() - t0

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,19 @@ TRIM_ABOVE_BYTES = 2 << 30
 
 
 def _rss_bytes() -> int:
-    with open(f"/proc/{os.getpid()}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    """This process's resident bytes (0 where there is no ``/proc``)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None on another C library)."""
+    name = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
 
 
 @pytest.fixture(autouse=True)
@@ -27,14 +39,12 @@ def _return_freed_memory() -> Iterator[None]:
     memory climbs past a 24 GiB machine although nothing is alive (see the
     ``tests/server/test_memory.py`` check that servers are freed)."""
     yield
-    if not os.path.exists(f"/proc/{os.getpid()}/statm") or _rss_bytes() < TRIM_ABOVE_BYTES:
+    if _rss_bytes() < TRIM_ABOVE_BYTES:
         return
     gc.collect()
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        libc = ctypes.CDLL(libc_name)
-        if hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 @pytest.fixture(scope="session")

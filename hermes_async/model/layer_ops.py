@@ -21,6 +21,13 @@ from hermes_async.model.quant.weights import W8A8, QuantizedWeight
 from hermes_async.model.spec import ModelSpec
 
 
+def _rotate_part(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 rotated: int) -> torch.Tensor:
+    """Partial rotary: the first ``rotated`` dimensions of each head rotated, the rest kept."""
+    head, rest = x[..., :rotated], x[..., rotated:]
+    return torch.cat((head * cos + rotate_half(head) * sin, rest), dim=-1)
+
+
 class TorchLayerOps:
     """Plain torch; rotary tables computed per step from the positions."""
 
@@ -97,9 +104,13 @@ class TorchLayerOps:
     def rotary(self, rope: object, q: torch.Tensor, k: torch.Tensor,
                table: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` ``[T, heads, d]`` and ``k`` ``[T, kv_heads, d]`` (neox layout) with
-        RoPE table ``table``."""
+        RoPE table ``table``; with partial rotary only the first ``spec.rotary_dim`` of each
+        head's dimensions (the table's width), the others pass through."""
         cos, sin = rope[table]  # type: ignore[index]
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        rotated = cos.shape[-1]
+        if rotated == q.shape[-1]:
+            return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return _rotate_part(q, cos, sin, rotated), _rotate_part(k, cos, sin, rotated)
 
     def act_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The gated MLP's ``act(gate) * up`` with the model's activation."""
@@ -209,7 +220,8 @@ class VllmCpuLayerOps(TorchLayerOps):
             self.cos_sin = []  # per RoPE table
             for inv, scaling in spec.rope_tables:
                 freqs = positions[:, None] * inv.float()[None, :]
-                # [max_pos, head_dim]: cos then sin of each frequency, as the kernel reads them
+                # [max_pos, rotary_dim]: cos then sin of each frequency, as the kernel reads
+                # them (its width is the rotated part of a head: partial rotary)
                 self.cos_sin.append(torch.cat(((freqs.cos() * scaling),
                                                (freqs.sin() * scaling)), dim=-1).to(dtype))
             switch = spec.rope_switch_position

@@ -85,6 +85,12 @@ class ModelSpec:
         """Every RoPE table: ``(inv_freq, attention scaling)``, the first one's own first."""
         return ((self.inv_freq, self.rope_attention_scaling), *self.extra_rope_tables)
 
+    @property
+    def rotary_dim(self) -> int:
+        """Each head's dimensions RoPE rotates (its first ones, in the neox halves): the head
+        size, less with partial rotary (the others pass through unrotated)."""
+        return 2 * self.inv_freq.numel()
+
     def rope_table(self, layer: int) -> int:
         """The index in :attr:`rope_tables` of ``layer``'s table."""
         return self.layer_rope_tables[layer] if self.layer_rope_tables else 0
@@ -180,6 +186,17 @@ def rope_for_layer_type(cfg: object, layer_type: str) -> tuple[torch.Tensor, flo
     return _rope_table(cfg, params, f"{layer_type} layers", layer_type)
 
 
+def rotary_dim(cfg: object, params: dict | None = None) -> int:
+    """How many of each head's dimensions RoPE rotates: ``head_dim`` times
+    ``partial_rotary_factor`` (Phi-4-mini: 0.75, the rest pass through), as transformers'
+    RoPE functions compute it."""
+    head_dim = (getattr(cfg, "head_dim", None)
+                or cfg.hidden_size // cfg.num_attention_heads)  # type: ignore[attr-defined]
+    factor = (params or {}).get("partial_rotary_factor",
+                                getattr(cfg, "partial_rotary_factor", None) or 1.0)
+    return int(head_dim * factor)
+
+
 def _rope(cfg: object, arch: str) -> tuple[torch.Tensor, float]:
     params = dict(getattr(cfg, "rope_parameters", None) or {})
     if "full_attention" in params:  # keyed by layer type: the family reads the others
@@ -195,9 +212,7 @@ def _rope_table(cfg: object, params: dict, what: str,
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         theta = params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads  # type: ignore[attr-defined]
-        if params.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ModelLoadError(f"{what}: partial rotary embeddings are not supported")
+        dim = rotary_dim(cfg, params)
         inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         return inv, 1.0
     if rope_type == "dynamic":

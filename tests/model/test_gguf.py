@@ -188,3 +188,36 @@ def test_resolve_model_path_serves_a_gguf_file(tmp_path, tiny_tokenizer, monkeyp
     served = resolve_model_path(path)
     assert served.name == "qwen2-Q8_0" and (served / MANIFEST).is_file()
     assert load_model(served).spec.architecture == "Qwen2ForCausalLM"
+
+
+def test_partial_rotary_phi_gguf_keeps_its_rotary_size(tmp_path, tiny_tokenizer):
+    """A Phi-4-mini-style GGUF (``rope.dimension_count`` below the head size) rotates only that
+    part: its spec, RoPE table and logits equal the checkpoint's."""
+    import transformers as tf
+
+    from tests.tiny_models import COMMON
+
+    torch.manual_seed(5)
+    cfg = tf.Phi3Config(**{**COMMON, "head_dim": 32, "hidden_size": 128},
+                        tie_word_embeddings=False, sliding_window=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1000.0,
+                                         "partial_rotary_factor": 0.75})
+    model = tf.Phi3ForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.15) if p.dim() >= 2 else p.uniform_(0.5, 1.5)
+    model_dir = tmp_path / "phi4-mini"
+    model.save_pretrained(model_dir)
+    gguf = write_gguf(model_dir, tmp_path / "phi4-mini.gguf", "F32", tokenizer_dir=tiny_tokenizer,
+                      pre="gpt2")
+    served = prepare_gguf_dir(gguf, tmp_path / "home")
+    ours, ref = load_model(served, "float32"), load_model(model_dir, "float32")
+    assert ours.spec.rotary_dim == ref.spec.rotary_dim == 24
+    assert torch.allclose(ours.spec.inv_freq, ref.spec.inv_freq)
+    ids = prompt(20, 6)
+    logits = []
+    for path in (served, model_dir):
+        runner = make_runner(path)
+        table = tuple(BlockAllocator(runner.num_blocks).take(3))
+        logits.append(runner.forward([SequenceStep(table, 0, tuple(ids))])[0])
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=0)

@@ -23,17 +23,21 @@ from tests.tiny_models import COMMON
 ORIGINAL = 32  # original_max_position_embeddings: the switch
 
 
-@pytest.fixture(scope="module")
-def longrope_dir(tmp_path_factory):
+PARTIAL = 0.75  # Phi-4-mini's partial_rotary_factor: a quarter of each head is not rotated
+
+
+@pytest.fixture(scope="module", params=[1.0, PARTIAL], ids=["phi3", "phi4-mini-partial"])
+def longrope_dir(tmp_path_factory, request):
     import transformers as tf
 
     torch.manual_seed(0)
     rng = random.Random(0)
-    half = KERNEL_HEAD_DIM // 2
+    half = int(KERNEL_HEAD_DIM * request.param) // 2
     rope = {"rope_type": "longrope", "rope_theta": 10000.0,
             "short_factor": [rng.uniform(1.0, 1.5) for _ in range(half)],
             "long_factor": [rng.uniform(4.0, 16.0) for _ in range(half)],
-            "original_max_position_embeddings": ORIGINAL}
+            "original_max_position_embeddings": ORIGINAL,
+            "partial_rotary_factor": request.param}
     heads = COMMON["num_attention_heads"]  # Phi-3's head size is hidden / heads
     cfg = tf.Phi3Config(**{**COMMON, "hidden_size": heads * KERNEL_HEAD_DIM,
                            "head_dim": KERNEL_HEAD_DIM,
@@ -60,7 +64,10 @@ def test_longrope_greedy_answers(longrope_dir, backend, keep_cache):
             Phi3ForCausalLM, oracle).prepare_inputs_for_generation
     runner = make_runner(longrope_dir, backend=backend)
     assert runner.spec.rope_switch_position == ORIGINAL
-    prompt = [random.Random(1).randrange(3, 320) for _ in range(12)]
+    factor = oracle.config.rope_parameters.get("partial_rotary_factor", 1.0)
+    assert runner.spec.rotary_dim == int(KERNEL_HEAD_DIM * factor)
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 320) for _ in range(12)]
     new = 3 * ORIGINAL - len(prompt) if keep_cache else ORIGINAL - len(prompt)
     with torch.no_grad():
         want = oracle.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
@@ -75,3 +82,41 @@ def test_longrope_greedy_answers(longrope_dir, backend, keep_cache):
         step = SequenceStep(table, len(seq), (token,))
         seq.append(token)
     assert got == want
+
+
+@pytest.mark.parametrize("backend", ["torch", *fast_code_paths()])
+def test_partial_rotary_without_scaling(tmp_path, backend):
+    """Partial rotary with the default RoPE: fp32 logits of a prefill and of decodes after it
+    equal transformers' within 1e-3; the unrotated part matters (rotating the whole head moves
+    the logits by far more)."""
+    import transformers as tf
+
+    torch.manual_seed(3)
+    heads = COMMON["num_attention_heads"]
+    cfg = tf.Phi3Config(**{**COMMON, "hidden_size": heads * KERNEL_HEAD_DIM,
+                           "head_dim": KERNEL_HEAD_DIM, "max_position_embeddings": 256},
+                        tie_word_embeddings=False, sliding_window=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                         "partial_rotary_factor": 0.5})
+    model = tf.Phi3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.15) if p.dim() >= 2 else p.uniform_(0.5, 1.5)
+    model.save_pretrained(tmp_path)
+    full = tf.Phi3ForCausalLM(tf.Phi3Config(**{**cfg.to_dict(), "rope_parameters": {
+        "rope_type": "default", "rope_theta": 500.0}})).eval()
+    full.load_state_dict(model.state_dict())
+    runner = make_runner(tmp_path, backend=backend)
+    assert runner.spec.rotary_dim == KERNEL_HEAD_DIM // 2
+    rng = random.Random(4)
+    ids = [rng.randrange(3, 320) for _ in range(40)]
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0]
+        assert (full(torch.tensor([ids])).logits[0] - want).abs().max() > 0.05
+    alloc = BlockAllocator(runner.num_blocks)
+    table = tuple(alloc.take(-(-len(ids) // runner.block_size)))
+    prefill = runner.forward([SequenceStep(table, 0, tuple(ids[:32]))])[0]
+    torch.testing.assert_close(prefill.float(), want[31], atol=1e-3, rtol=0)
+    for pos in range(32, len(ids)):
+        got = runner.forward([SequenceStep(table, pos, (ids[pos],))])[0]
+        torch.testing.assert_close(got.float(), want[pos], atol=1e-3, rtol=0)

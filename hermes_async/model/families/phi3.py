@@ -5,29 +5,27 @@ the config sets one, and ``longrope`` (Phi-3-mini-128k, Phi-3.5): short factors 
 generates, a token rotates by its own position: positions past the original length use the
 long factors, earlier keys keep the short rotation they were written with (a prompt longer than
 the original length, in one forward, uses the long factors for all its tokens in transformers:
-there only the tokens past it differ). Partial rotary (Phi-4-mini) is refused by name."""
+there only the tokens past it differ). Partial rotary (Phi-4-mini: ``partial_rotary_factor``
+0.75) rotates the first part of each head only, with factors for that part."""
 
 import torch
 
 from hermes_async.model.families.base import Family, GGUFLayout, TensorNames
-from hermes_async.model.spec import ModelLoadError
+from hermes_async.model.spec import ModelLoadError, rotary_dim
 
 
 def _longrope(cfg: object, params: dict) -> dict[str, object]:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    head_dim = (getattr(cfg, "head_dim", None)
-                or cfg.hidden_size // cfg.num_attention_heads)  # type: ignore[attr-defined]
-    if params.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0)) != 1.0:
-        raise ModelLoadError("Phi3ForCausalLM: partial rotary embeddings are not supported yet")
+    rotated = rotary_dim(cfg, params)
     original = int(params.get("original_max_position_embeddings")
                    or getattr(cfg, "original_max_position_embeddings", None)
                    or cfg.max_position_embeddings)  # type: ignore[attr-defined]
     init = ROPE_INIT_FUNCTIONS["longrope"]
     short, scaling = init(cfg, torch.device("cpu"))
     long, long_scaling = init(cfg, torch.device("cpu"), seq_len=original + 1)
-    if short.numel() != head_dim // 2:
-        raise ModelLoadError("Phi3ForCausalLM: longrope factors do not cover the head size")
+    if short.numel() != rotated // 2:
+        raise ModelLoadError("Phi3ForCausalLM: longrope factors do not cover the rotary size")
     return {"inv_freq": short.float(), "rope_attention_scaling": float(scaling),
             "extra_rope_tables": ((long.float(), float(long_scaling)),),
             "rope_switch_position": original}

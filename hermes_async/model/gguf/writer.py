@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hermes_async.model.spec import ModelLoadError
+from hermes_async.model.spec import ModelLoadError, rotary_dim
 
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K")
 _EXPERT = re.compile(r"^(.*\.layers\.(\d+)\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
@@ -167,7 +167,7 @@ def write_gguf(model_dir: str | Path, out: str | Path, qtype: str = "Q8_0",
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
     rope = rope.get("full_attention", rope)
     w.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(rotary_dim(cfg, rope))  # partial rotary: less than a head
     window = getattr(cfg, "sliding_window", None)
     if window:
         w.add_sliding_window(int(window))

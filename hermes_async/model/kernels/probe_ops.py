@@ -137,9 +137,10 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Neox rotary of each head's first ``2 * cos.shape[-1]`` dimensions; the rest kept."""
+    half = cos.shape[-1]
+    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
 
 
 def probe_vllm_fused_ops(shapes: ProbeShapes) -> ProbeReport:
@@ -152,7 +153,8 @@ def probe_vllm_fused_ops(shapes: ProbeShapes) -> ProbeReport:
     worst = _Worst()
     weight = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype)
     max_pos = 4096
-    inv_freq = 1.0 / (shapes.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rd = shapes.rotary_dim or d  # partial rotary: the rest of a head passes through
+    inv_freq = 1.0 / (shapes.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
     freqs = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
     cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
     table = cos_sin.double()
@@ -170,8 +172,8 @@ def probe_vllm_fused_ops(shapes: ProbeShapes) -> ProbeReport:
         positions = torch.randint(0, max_pos, (t,), generator=gen)
         q = torch.randn(t, shapes.num_heads, d, generator=gen).to(dtype)
         k = torch.randn(t, shapes.num_kv_heads, d, generator=gen).to(dtype)
-        cos = table[positions, : d // 2][:, None, :]
-        sin = table[positions, d // 2:][:, None, :]
+        cos = table[positions, : rd // 2][:, None, :]
+        sin = table[positions, rd // 2:][:, None, :]
         q2, k2 = q.reshape(t, -1).clone(), k.reshape(t, -1).clone()
         ops.rotary_embedding(positions, q2, k2, d, cos_sin, True)  # type: ignore[attr-defined]
         worst.add(q2.view_as(q), _rotate(q.double(), cos, sin))

@@ -18,7 +18,8 @@ class ProbeShapes:
     """What the kernels of one model see; ``linears`` are the distinct ``(N, K)`` weight shapes
     (``x @ W.T`` with ``W`` ``[N, K]``), ``windows`` the distinct sliding windows (None: full),
     ``experts`` the mixture-of-experts block's (experts, top k, hidden, expert intermediate),
-    empty without one, ``quantization`` the linears' weight scheme (``model.quantization``)."""
+    empty without one, ``quantization`` the linears' weight scheme (``model.quantization``),
+    ``rotary_dim`` the dimensions of a head RoPE rotates (0: all of them; partial rotary)."""
 
     dtype: str
     num_heads: int
@@ -33,6 +34,7 @@ class ProbeShapes:
     num_threads: int = 1
     experts: tuple[int, ...] = ()
     quantization: str = "none"
+    rotary_dim: int = 0
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, block_size: int, dtype: str,
@@ -49,7 +51,8 @@ class ProbeShapes:
                    head_dim=spec.head_dim, block_size=block_size, hidden_size=h,
                    intermediate_size=spec.intermediate_size,
                    linears=tuple(dict.fromkeys(linears)), windows=tuple(windows),
-                   num_threads=num_threads, experts=experts, quantization=quantization)
+                   num_threads=num_threads, experts=experts, quantization=quantization,
+                   rotary_dim=0 if spec.rotary_dim == spec.head_dim else spec.rotary_dim)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)

@@ -277,7 +277,9 @@ def test_the_default_model_keeps_its_wheels_blocks():
     report = runner.quantization
     assert report.sources == {"Q4_1 -> int4": 210, "Q8_0 -> int8": 1}, report.describe()
     assert runner.model.embed is None
-    assert report.bytes_after < report.bytes_before / 4
+    # Q4_1 is 5 bits a weight, Q8_0 8.5: under 7 on average with the scales, in any dtype
+    weights = report.bytes_before / runner.dtype.itemsize
+    assert 8 * report.bytes_after / weights < 7, report.describe()
     rng = random.Random(11)
     prompts = [[rng.randrange(3, 40000) for _ in range(n)] for n in (6, 30)]
     assert_same_greedy(runner, _runner(path, "auto", "auto", kv_bytes=64 << 20), prompts, steps=24)

@@ -21,9 +21,12 @@ from hermes_async.model.quant.weights import W8A8, QuantizedWeight
 from hermes_async.model.spec import ModelSpec
 
 
-def _rotate_part(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 rotated: int) -> torch.Tensor:
-    """Partial rotary: the first ``rotated`` dimensions of each head rotated, the rest kept."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox RoPE of each head's first ``cos.shape[-1]`` dimensions (all of them but with
+    partial rotary, whose other dimensions pass through unrotated)."""
+    rotated = cos.shape[-1]
+    if rotated == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
     head, rest = x[..., :rotated], x[..., rotated:]
     return torch.cat((head * cos + rotate_half(head) * sin, rest), dim=-1)
 
@@ -107,10 +110,7 @@ class TorchLayerOps:
         RoPE table ``table``; with partial rotary only the first ``spec.rotary_dim`` of each
         head's dimensions (the table's width), the others pass through."""
         cos, sin = rope[table]  # type: ignore[index]
-        rotated = cos.shape[-1]
-        if rotated == q.shape[-1]:
-            return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        return _rotate_part(q, cos, sin, rotated), _rotate_part(k, cos, sin, rotated)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
     def act_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The gated MLP's ``act(gate) * up`` with the model's activation."""

@@ -73,10 +73,11 @@ class ModelConfig:
         (as computed) or ``int8`` (quantized per row in blocks of 32 inputs, symmetric, as llama.cpp
         quantizes those of its Q8_0 / Q4 matmuls: ``hermes_async.model.quant.a8``),
         multiplied by the weights' integers in bytes (the ``native-int4-a8`` and
-        ``native-int8-a8`` paths, probed like the others: float32 on AVX2 CPUs, about 2x the
-        float32 GEMVs, and about 1.5x the float32 matmul at prefill sizes; elsewhere the
-        activations stay float, as the log says). Needs ``int8``, ``int4``, ``int4-g128`` or
-        ``gguf``.
+        ``native-int8-a8`` paths, probed like the others: on AVX2 CPUs, vpdpbusd with
+        AVX512-VNNI; float32 activations, or bfloat16 widened to float32 for them; in float32
+        about 2x the float32 GEMVs and about 1.5x the float32 matmul at prefill sizes;
+        elsewhere the activations stay float, as the log says). Needs ``int8``, ``int4``,
+        ``int4-g128`` or ``gguf``.
     cuda_graphs: capture CUDA graphs of decode batches at start-up and replay them (CUDA with
         the ``flashinfer`` backend only; no effect elsewhere): see
         ``hermes_async.model.cuda_graphs``. Off by default until it has run on a GPU.

@@ -9,9 +9,10 @@ Candidates per shape and row count (ms per call, the minimum of ``--repeats`` in
 ``dense`` (``F.linear`` of the unquantized weight in the dtype: the bytes the schemes save),
 ``int8`` / ``int4`` (``hermes_native::int8_gemv`` / ``int4_gemv`` over the packed integers),
 ``int8 deq+mm`` / ``int4 deq+mm`` (``*_dequantize`` into one reused buffer, then ``F.linear``:
-what a step of many rows runs), and in float32 on AVX2 ``int8 a8`` / ``int4 a8``
+what a step of many rows runs), and on AVX2 ``int8 a8`` / ``int4 a8``
 (``int8_a8_gemv`` / ``int4_a8_gemv``: the activations quantized to int8 in blocks of 32,
-``model.activations = "int8"``). The CPU's flags head the table; the figures hold for it alone.
+``model.activations = "int8"``; bfloat16 inputs widened to float32 first and the output
+rounded back, as the runner does). The CPU's flags head the table; the figures hold for it alone.
 """
 
 from __future__ import annotations
@@ -54,10 +55,17 @@ def candidates(weight: torch.Tensor, dtype: torch.dtype, rows: int,
     if ops.int4_gemv_supported(dtype):
         calls["int4"] = lambda x: ops.int4_gemv(out, x, q4.values, q4.scales, q4.mins)
     calls["int4 deq+mm"] = int4_deq
-    if dtype == torch.float32 and ops.a8_supported():  # int8 activations (quant/a8.py)
-        calls["int8 a8"] = lambda x: ops.int8_a8_gemv(out, x, q8.values, q8.scales)
+    if ops.a8_supported():  # int8 activations (quant/a8.py), bfloat16's through float32
+        out32 = torch.empty(rows, n)
+
+        def a8(gemv: Callable[..., object], *tensors: torch.Tensor) -> Callable[..., object]:
+            if dtype == torch.float32:
+                return lambda x: gemv(out, x, *tensors)
+            return lambda x: (gemv(out32, x.float(), *tensors), out.copy_(out32))
+
+        calls["int8 a8"] = a8(ops.int8_a8_gemv, q8.values, q8.scales)
         if group % 32 == 0:
-            calls["int4 a8"] = lambda x: ops.int4_a8_gemv(out, x, q4.values, q4.scales, q4.mins)
+            calls["int4 a8"] = a8(ops.int4_a8_gemv, q4.values, q4.scales, q4.mins)
     return calls
 
 

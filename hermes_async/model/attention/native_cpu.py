@@ -160,7 +160,7 @@ class NativeOps:
         self._native_moe = moe and ops.grouped_gemv_supported()
         self._native_int8 = int8 and ops.int8_gemv_supported(dtype)
         self._native_int4 = int4 and ops.int4_gemv_supported(dtype)
-        a8 = dtype == torch.float32 and ops.a8_supported()
+        a8 = dtype in (torch.float32, torch.bfloat16) and ops.a8_supported()
         self._native_int4_a8 = int4_a8 and self._native_int4 and a8
         self._native_int8_a8 = int8_a8 and self._native_int8 and a8
         self._quantized_dtype = dtype
@@ -221,12 +221,15 @@ class NativeOps:
             w = self._dequantized(n, k, x.dtype)
             (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
             return F.linear(x, w, bias)
-        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
-        if int4:
-            gemv = ops.int4_a8_gemv if a8 else ops.int4_gemv
+        if a8:  # float32 in and out (bfloat16 widened: its bytes are the step's smallest)
+            out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+            gemv = ops.int4_a8_gemv if int4 else ops.int8_a8_gemv
+            gemv(out.view(rows, n), x.reshape(rows, k).float().contiguous(), *tensors)
+            out = out.to(x.dtype)
         else:
-            gemv = ops.int8_a8_gemv if a8 else ops.int8_gemv
-        gemv(out.view(rows, n), x.reshape(rows, k).contiguous(), *tensors)
+            out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
+            gemv = ops.int4_gemv if int4 else ops.int8_gemv
+            gemv(out.view(rows, n), x.reshape(rows, k).contiguous(), *tensors)
         return out if bias is None else out + bias
 
     def _dequantized(self, n: int, k: int, dtype: torch.dtype) -> torch.Tensor:

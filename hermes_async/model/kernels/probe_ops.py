@@ -351,10 +351,11 @@ A8_ROWS = (1, 3, 4, 5, 11, 33)  # passes of 4 rows and their tails
 
 
 def probe_native_int4_a8(shapes: ProbeShapes) -> ProbeReport:
-    """``int4_a8_gemv`` (int4 weights times int8 activations in blocks of 32: float32 on
-    AVX2) on every linear shape the model's int4 scheme quantizes, against float64 of the same
-    dequantized weight times the block-quantized activations (:func:`.quant.a8.dequantize_blocks`,
-    an all-zero block among them)."""
+    """``int4_a8_gemv`` (int4 weights times int8 activations in blocks of 32: float32 or
+    bfloat16 widened to it, on AVX2; vpdpbusd where AVX512-VNNI is) on every linear shape the
+    model's int4 scheme quantizes, against float64 of the same dequantized weight times the
+    block-quantized activations (:func:`.quant.a8.dequantize_blocks`, an all-zero block among
+    them)."""
     from hermes_async.model.quant.apply import INT4_GROUPS
 
     if shapes.quantization not in (*INT4_GROUPS, "gguf"):
@@ -378,9 +379,10 @@ def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) ->
 
     native.load()
     ops = torch.ops.hermes_native
-    if shapes.dtype != "float32" or not ops.a8_supported():
-        raise NotApplicable(f"int8 activations run in float32 on AVX2 CPUs, not "
+    if shapes.dtype not in ("float32", "bfloat16") or not ops.a8_supported():
+        raise NotApplicable(f"int8 activations run on AVX2 CPUs in float32 or bfloat16, not "
                             f"{shapes.dtype} here")
+    dtype = getattr(torch, shapes.dtype)  # the kernel's inputs are float32: the dtype's values
     gen = torch.Generator().manual_seed(31)
     worst = _Worst()
     for n, k in shapes.linears:
@@ -396,7 +398,7 @@ def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) ->
                 q = quantize_int8(weight, group, PAIRS)
             exact = q.dequantize(torch.float32).double()
             for rows in A8_ROWS:
-                x = torch.randn(rows, k, generator=gen)
+                x = torch.randn(rows, k, generator=gen).to(dtype).float()
                 x[0, :BLOCK] = 0.0
                 out = torch.empty(rows, q.shape[0])
                 if bits == "int4":
@@ -407,7 +409,9 @@ def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) ->
     if not worst.cases:
         raise NotApplicable(f"no linear shape the {bits} x int8 GEMV takes (N % 16, K % 32)")
     named = ", ".join("per channel" if g is None else f"groups of {g}" for g in groups)
-    return worst.report(shapes.dtype, f"{named}, rows {', '.join(map(str, A8_ROWS))}")
+    how = "AVX512-VNNI" if ops.a8_vnni() else "AVX2"
+    # float32's tolerance in either dtype: the kernel's arithmetic is float32's
+    return worst.report("float32", f"{named}, rows {', '.join(map(str, A8_ROWS))}, {how}")
 
 
 W8A8_ROWS = (1, 5, 16, 33, 100)

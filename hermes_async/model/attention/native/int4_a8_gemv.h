@@ -10,7 +10,7 @@
 //                  + min[n, g] * sum_{b in g} d_b * sum_{k in b} q_x[k] ),
 // the inner sums exact in integers (vpmaddubsw: unsigned nibble times signed byte, pairs
 // summed to int16, at most 2 * 15 * 127 = 3810, so 8 such steps of a 32-input block fit
-// int16 before they widen to int32). Two pair rows (32 bytes: 16 outputs x 4 inputs) are
+// int16 before they widen to int32; with AVX512-VNNI vpdpbusd sums fours into int32). Two pair rows (32 bytes: 16 outputs x 4 inputs) are
 // rearranged in registers (vpermq + vpshufb, then the nibbles split and interleaved) so that
 // each 32-bit lane holds one output's 4 nibbles in input order: the row's 4 activation bytes
 // then need only a broadcast, and the rearrangement is paid once for all the pass's rows. A
@@ -34,6 +34,23 @@ constexpr int64_t A8_BLOCK = 32;  // inputs per activation scale
 
 inline bool a8_supported() {  // int4_a8_gemv and int8_a8_gemv (int8_a8_gemv.h)
 #if defined(__AVX2__) && defined(__FMA__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// The byte dot products of both kernels. With AVX512-VNNI (its 256-bit form, AVX512VL:
+// Zen 4, Ice Lake and later Xeons) vpdpbusd sums each 32-bit lane's four unsigned-by-signed
+// byte products into an int32 accumulator in one instruction; plain AVX2 takes vpmaddubsw
+// (pairs to int16) and vpmaddwd by ones (to int32). Both are exact (no saturation at the
+// magnitudes these kernels feed them), so the results are the same bits either way.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define HERMES_A8_VNNI 1
+#endif
+
+inline bool a8_vnni() {  // whether the byte kernels run on vpdpbusd
+#ifdef HERMES_A8_VNNI
   return true;
 #else
   return false;
@@ -129,7 +146,7 @@ inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mi
   const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
   const uint8_t* wb = w + nb * k2 * 16;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   // after vpermq 0xD8, each lane's pair-p bytes (0-7) interleaved with its pair-p+1 bytes (8-15)
   const __m256i weave = _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
                                          0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
@@ -161,17 +178,26 @@ inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mi
           int32_t four;
           std::memcpy(&four, xq + m * k + 2 * p, 4);
           const __m256i a = _mm256_set1_epi32(four);
+#ifdef HERMES_A8_VNNI  // int32 sums
+          sum[m][0] = _mm256_dpbusd_epi32(sum[m][0], u0, a);
+          sum[m][1] = _mm256_dpbusd_epi32(sum[m][1], u1, a);
+#else  // int16 sums, widened once a block
           sum[m][0] = _mm256_add_epi16(sum[m][0], _mm256_maddubs_epi16(u0, a));
           sum[m][1] = _mm256_add_epi16(sum[m][1], _mm256_maddubs_epi16(u1, a));
+#endif
         }
       }
       const int64_t b = (2 * p0) / A8_BLOCK;
       for (int m = 0; m < M; ++m) {
         const __m256 d = _mm256_set1_ps(xd[m * blocks + b]);
-        acc[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum[m][0], ones)),
-                                    _mm256_mul_ps(d, s0), acc[m][0]);
-        acc[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum[m][1], ones)),
-                                    _mm256_mul_ps(d, s1), acc[m][1]);
+#ifdef HERMES_A8_VNNI
+        const __m256i w0 = sum[m][0], w1 = sum[m][1];
+#else
+        const __m256i w0 = _mm256_madd_epi16(sum[m][0], ones);
+        const __m256i w1 = _mm256_madd_epi16(sum[m][1], ones);
+#endif
+        acc[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w0), _mm256_mul_ps(d, s0), acc[m][0]);
+        acc[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w1), _mm256_mul_ps(d, s1), acc[m][1]);
       }
     }
     const __m256 za = _mm256_loadu_ps(mins + at), zb = _mm256_loadu_ps(mins + at + 8);

@@ -9,7 +9,8 @@
 // the inner sums exact in int32. Two pair rows (64 bytes: 16 outputs x 4 inputs) interleave to
 // two registers of 8 outputs x 4 bytes; vpmaddubsw takes |q| (unsigned) times q_x carrying q's
 // sign (vpsignb), pairs summed to int16 (at most 2 * 128 * 127 = 32512: no saturation), and
-// vpmaddwd by ones sums each output's two pairs to int32. About 9 instructions per row per 64
+// vpmaddwd by ones sums each output's two pairs to int32 (with AVX512-VNNI one vpdpbusd does
+// both). About 9 instructions per row per 64
 // weights against quant_f32's 16: the rows of a batch cost less than half.
 //   int8_a8_gemv(out [M, N] f32, x [M, K] f32, packed [N / 16, K / 2, 16, 2] int8,
 //                scales [N / 16, K / group, 16] f32): any M, in int4_a8_gemv's tiles
@@ -31,7 +32,7 @@ inline void int8_a8_block(const int8_t* w, const float* scales, const int8_t* xq
                           int64_t n, int64_t nb) {
   const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
   const int8_t* wb = w + nb * k2 * 32;
-  const __m256i ones = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   // acc[m][0]: outputs 0-3 (lane 0) and 8-11 (lane 1); acc[m][1]: 4-7 and 12-15
   __m256 acc[M][2];
   for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
@@ -57,10 +58,15 @@ inline void int8_a8_block(const int8_t* w, const float* scales, const int8_t* xq
         int32_t four;
         std::memcpy(&four, xq + m * k + 2 * p, 4);
         const __m256i xv = _mm256_set1_epi32(four);
+#ifdef HERMES_A8_VNNI
+        sum[m][0] = _mm256_dpbusd_epi32(sum[m][0], a0, _mm256_sign_epi8(xv, u0));
+        sum[m][1] = _mm256_dpbusd_epi32(sum[m][1], a1, _mm256_sign_epi8(xv, u1));
+#else
         const __m256i d0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xv, u0));
         const __m256i d1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xv, u1));
         sum[m][0] = _mm256_add_epi32(sum[m][0], _mm256_madd_epi16(d0, ones));
         sum[m][1] = _mm256_add_epi32(sum[m][1], _mm256_madd_epi16(d1, ones));
+#endif
       }
     }
     const int64_t b = (2 * p0) / A8_BLOCK;

@@ -93,10 +93,14 @@ NATIVE_INT4 = "native-int4"
 NATIVE_INT4_A8 = "native-int4-a8"
 NATIVE_INT8_A8 = "native-int8-a8"
 NATIVE_A8 = (NATIVE_INT4_A8, NATIVE_INT8_A8)
-# int8_gemv reads the weight once per 24 rows; past this many rows (prefills) a step
-# dequantizes each weight to bfloat16 and multiplies (compute-bound, the conversion a small part)
-INT8_GEMV_MAX_ROWS = 64
-INT4_GEMV_MAX_ROWS = 16  # int4_gemv: passes of 8 rows
+# bfloat16 on AVX512-BF16 without AMX (Zen 4, loadtest/bench_quant_kernels.py, BENCHMARKS.md):
+# past this many rows a step dequantizes each weight to bfloat16 and multiplies. int8_gemv at
+# 2048 x 6144 takes 2.3 ms at 16 rows against the dequantized matmul's 3.6, but 9.9 at 24
+# against 3.8 (and 50 at 128: it was allowed 64 rows, and 32 sequences decoded at a third of
+# bfloat16's rate); int4_gemv beats its dequantized matmul at every row count up to 128 (10.6
+# against 15.3 ms: int4_dequantize is the slow part)
+INT8_GEMV_MAX_ROWS = 16
+INT4_GEMV_MAX_ROWS = 128
 # with AMX the bfloat16 matmul of the dequantized weight runs on tiles: past 8 rows it beats
 # the GEMVs (a 2048 x 6144 int8 weight at 32 rows: 2.1 ms against int8_gemv's 6.3; BENCHMARKS.md)
 AMX_GEMV_MAX_ROWS = 8

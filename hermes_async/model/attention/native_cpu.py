@@ -98,9 +98,11 @@ NATIVE_A8 = (NATIVE_INT4_A8, NATIVE_INT8_A8)
 # 2048 x 6144 takes 2.3 ms at 16 rows against the dequantized matmul's 3.6, but 9.9 at 24
 # against 3.8 (and 50 at 128: it was allowed 64 rows, and 32 sequences decoded at a third of
 # bfloat16's rate); int4_gemv beats its dequantized matmul at every row count up to 128 (10.6
-# against 15.3 ms: int4_dequantize is the slow part)
+# against 15.3 ms: int4_dequantize is the slow part), but 128 rows changed the default model's
+# bfloat16 prefill answers past the test's share (44 of 48 picks against the dequantized
+# file's): kept at 16 until a test with a float32 oracle decides which rounding is nearer
 INT8_GEMV_MAX_ROWS = 16
-INT4_GEMV_MAX_ROWS = 128
+INT4_GEMV_MAX_ROWS = 16
 # with AMX the bfloat16 matmul of the dequantized weight runs on tiles: past 8 rows it beats
 # the GEMVs (a 2048 x 6144 int8 weight at 32 rows: 2.1 ms against int8_gemv's 6.3; BENCHMARKS.md)
 AMX_GEMV_MAX_ROWS = 8

@@ -410,6 +410,8 @@ def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) ->
         raise NotApplicable(f"no linear shape the {bits} x int8 GEMV takes (N % 16, K % 32)")
     named = ", ".join("per channel" if g is None else f"groups of {g}" for g in groups)
     how = "AVX512-VNNI" if ops.a8_vnni() else "AVX2"
+    if ops.a8_wide():
+        how += ", 512-bit with AVX512-VBMI's vpermb"
     # float32's tolerance in either dtype: the kernel's arithmetic is float32's
     return worst.report("float32", f"{named}, rows {', '.join(map(str, A8_ROWS))}, {how}")
 

@@ -1,4 +1,5 @@
-// int4_a8_gemv: int4 weights times int8 activations (W4A8) on AVX2, for float32 activations:
+// int4_a8_gemv: int4 weights times int8 activations (W4A8) on AVX2 (512 bits wide with
+// AVX512-VNNI and -VBMI), for float32 activations:
 // the byte dot product llama.cpp runs its Q4 blocks on, over gemv_packed's int4 pair layout.
 //
 // The activations are quantized per row in blocks of 32 inputs when the call comes:
@@ -13,7 +14,8 @@
 // int16 before they widen to int32; with AVX512-VNNI vpdpbusd sums fours into int32). Two pair rows (32 bytes: 16 outputs x 4 inputs) are
 // rearranged in registers (vpermq + vpshufb, then the nibbles split and interleaved) so that
 // each 32-bit lane holds one output's 4 nibbles in input order: the row's 4 activation bytes
-// then need only a broadcast, and the rearrangement is paid once for all the pass's rows. A
+// then need only a broadcast, and the rearrangement is paid once for all the pass's rows (with
+// AVX512-VBMI, int4_a8_block_wide: one vpermb for 64 bytes, 16 outputs a register). A
 // weight costs about a sixth of an instruction against quant_f32's half at one row, and the
 // activations' bytes are reused by every output. The activations are quantized by the threads,
 // 8 floats at a time (the same division and rounding as the scalar definition). The
@@ -57,15 +59,37 @@ inline bool a8_vnni() {  // whether the byte kernels run on vpdpbusd
 #endif
 }
 
+// With AVX512-VBMI as well (Zen 4, Ice Lake and later Xeons) int4_a8_gemv runs 512 bits wide:
+// one vpermb turns four pair rows (64 bytes: 16 outputs x 8 inputs) into 16 lanes of one
+// output each, where the AVX2 form spends a vpermq, a vpshufb and two unpacks on 32 bytes. The
+// lanes' low nibbles then hold the output's even inputs of the 8 and the high nibbles its odd
+// ones, so the activations are stored evens first in each 8 (quantize_a8's interleave).
+#if defined(HERMES_A8_VNNI) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
+#define HERMES_A8_WIDE 1
+#endif
+
+inline bool a8_wide() {  // whether int4_a8_gemv runs its 512-bit form
+#ifdef HERMES_A8_WIDE
+  return true;
+#else
+  return false;
+#endif
+}
+
 // x [M, K] float32 as int8 blocks of 32: q [M, K], d [M, K / 32]; and, for a weight group
-// (a multiple of 32; 0: none), each row's sum of x^ over each group (the mins' factor)
+// (a multiple of 32; 0: none), each row's sum of x^ over each group (the mins' factor); where
+// asked, each row's sums of q_x over each half block of 16, times 128 (halves128 [M, K / 16]:
+// the offset the wide int8 kernel's unsigned weights add)
 struct A8Activations {
   std::vector<int8_t> q;
   std::vector<float> d, sums;
+  std::vector<int32_t> halves128;
 };
 
-// one block of 32: q_x into qb, returns d; *total = the sum of q_x
-inline float quantize_a8_block(const float* xb, int8_t* qb, int32_t* total) {
+// one block of 32: q_x into qb, returns d; *total = the sum of q_x. With evens_first each 8
+// bytes are stored as inputs 0, 2, 4, 6, 1, 3, 5, 7 of their 8 (the wide int4 kernel's order).
+inline float quantize_a8_block(const float* xb, int8_t* qb, int32_t* total,
+                               bool evens_first = false) {
 #if defined(__AVX2__)
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 v[4], m = _mm256_setzero_ps();
@@ -97,8 +121,12 @@ inline float quantize_a8_block(const float* xb, int8_t* qb, int32_t* total) {
   *total = _mm_cvtsi128_si32(t);
   // int32 -> int8 packs work per 128-bit lane: put the 32 bytes back in order
   const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
-                      _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  if (evens_first)
+    ordered = _mm256_shuffle_epi8(ordered, _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14,
+                                                            9, 11, 13, 15, 0, 2, 4, 6, 1, 3, 5,
+                                                            7, 8, 10, 12, 14, 9, 11, 13, 15));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), ordered);
   return d;
 #else
   float amax = 0.0f;
@@ -107,28 +135,38 @@ inline float quantize_a8_block(const float* xb, int8_t* qb, int32_t* total) {
   int32_t sum = 0;
   for (int64_t i = 0; i < A8_BLOCK; ++i) {
     const int32_t v = d == 0.0f ? 0 : static_cast<int32_t>(std::nearbyint(xb[i] / d));
-    qb[i] = static_cast<int8_t>(std::clamp(v, -127, 127));
-    sum += qb[i];
+    const int64_t at = evens_first ? (i & ~7) + (i & 1) * 4 + (i & 7) / 2 : i;
+    qb[at] = static_cast<int8_t>(std::clamp(v, -127, 127));
+    sum += qb[at];
   }
   *total = sum;
   return d;
 #endif
 }
 
-inline A8Activations quantize_a8(const float* x, int64_t m, int64_t k, int64_t group) {
+inline A8Activations quantize_a8(const float* x, int64_t m, int64_t k, int64_t group,
+                                 bool evens_first = false, bool halves = false) {
   const int64_t blocks = k / A8_BLOCK, per_group = group / A8_BLOCK;
   const int64_t groups = group ? k / group : 0;
   A8Activations a{std::vector<int8_t>(m * k), std::vector<float>(m * blocks),
-                  std::vector<float>(m * groups, 0.0f)};
+                  std::vector<float>(m * groups, 0.0f),
+                  std::vector<int32_t>(halves ? m * 2 * blocks : 0)};
   // rows over the threads: a prefill step's activations are megabytes
   at::parallel_for(0, m, std::max<int64_t>(1, 16384 / k), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t b = 0; b < blocks; ++b) {
         int32_t total = 0;
         const float d = quantize_a8_block(x + r * k + b * A8_BLOCK,
-                                          a.q.data() + r * k + b * A8_BLOCK, &total);
+                                          a.q.data() + r * k + b * A8_BLOCK, &total, evens_first);
         a.d[r * blocks + b] = d;
         if (group) a.sums[r * groups + b / per_group] += d * static_cast<float>(total);
+        if (halves) {  // in input order (evens_first is the int4 kernel's, not asked with it)
+          const int8_t* qb = a.q.data() + r * k + b * A8_BLOCK;
+          int32_t first = 0;
+          for (int64_t i = 0; i < A8_BLOCK / 2; ++i) first += qb[i];
+          a.halves128[r * 2 * blocks + 2 * b] = 128 * first;
+          a.halves128[r * 2 * blocks + 2 * b + 1] = 128 * (total - first);
+        }
       }
   });
   return a;
@@ -216,6 +254,63 @@ inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mi
   }
 }
 
+#ifdef HERMES_A8_WIDE
+// vpermb's index for four pair rows: byte 4 j + r of the result (output j, pair row r) is byte
+// 16 r + j of the rows
+struct PairRowsToLanes {
+  alignas(64) uint8_t index[64];
+  constexpr PairRowsToLanes() : index() {
+    for (int i = 0; i < 64; ++i) index[i] = static_cast<uint8_t>(16 * (i % 4) + i / 4);
+  }
+};
+inline constexpr PairRowsToLanes PAIR_ROWS_TO_LANES{};
+
+// int4_a8_block, 512 bits wide: xq in quantize_a8's evens-first order
+template <int M>
+inline void int4_a8_block_wide(const uint8_t* w, const float* scales, const float* mins,
+                               const int8_t* xq, const float* xd, const float* xs, int64_t k,
+                               int64_t groups, int64_t gp, float* out, int64_t n, int64_t nb) {
+  const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
+  const uint8_t* wb = w + nb * k2 * 16;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512i to_lanes = _mm512_load_si512(PAIR_ROWS_TO_LANES.index);
+  __m512 acc[M];  // lane j: output j
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t at = (nb * groups + g) * 16;
+    const __m512 s = _mm512_loadu_ps(scales + at);
+    for (int64_t p0 = g * gp; p0 < (g + 1) * gp; p0 += A8_BLOCK / 2) {  // one x block
+      // even and odd inputs summed apart: two dependency chains of 4 vpdpbusd a block
+      __m512i even[M], odd[M];
+      for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm512_setzero_si512();
+      for (int64_t p = p0; p < p0 + A8_BLOCK / 2; p += 4) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + p * 16 + A8_PREFETCH), _MM_HINT_T0);
+        const __m512i v = _mm512_permutexvar_epi8(
+            to_lanes, _mm512_loadu_si512(reinterpret_cast<const void*>(wb + p * 16)));
+        const __m512i lo = _mm512_and_si512(v, nibble);  // inputs 2p, 2p + 2, 2p + 4, 2p + 6
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);  // the odd ones
+        for (int m = 0; m < M; ++m) {
+          int32_t evens, odds;
+          std::memcpy(&evens, xq + m * k + 2 * p, 4);
+          std::memcpy(&odds, xq + m * k + 2 * p + 4, 4);
+          even[m] = _mm512_dpbusd_epi32(even[m], lo, _mm512_set1_epi32(evens));
+          odd[m] = _mm512_dpbusd_epi32(odd[m], hi, _mm512_set1_epi32(odds));
+        }
+      }
+      const int64_t b = (2 * p0) / A8_BLOCK;
+      for (int m = 0; m < M; ++m) {
+        const __m512 d = _mm512_set1_ps(xd[m * blocks + b]);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even[m], odd[m])),
+                                 _mm512_mul_ps(d, s), acc[m]);
+      }
+    }
+    const __m512 z = _mm512_loadu_ps(mins + at);
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * groups + g]), z, acc[m]);
+  }
+  for (int m = 0; m < M; ++m) _mm512_storeu_ps(out + m * n + nb * 16, acc[m]);
+}
+#endif
+
 // The passes of both byte kernels: rows in tiles of A8_TILE_ROWS (their int8 activations
 // stay in L2), each tile's blocks of 16 outputs split over the threads four at a time, and each
 // block run over the tile's rows in passes of A8_PASS_ROWS while its weights stay in L1 / L2, so
@@ -263,14 +358,18 @@ inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   const int64_t m = a8_rows(out, x, n, k);
 #if defined(__AVX2__) && defined(__FMA__)
   const int64_t groups = k / (2 * gp), blocks = k / A8_BLOCK, nblocks = n / 16;
-  const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 2 * gp);
+  const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 2 * gp, a8_wide());
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
   const float* zp = mins.data_ptr<float>();
   a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t nb) {
-    int4_a8_block<decltype(rows)::value>(wp, sp, zp, a.q.data() + r0 * k, a.d.data() + r0 * blocks,
-                                         a.sums.data() + r0 * groups, k, groups, gp,
-                                         out.data_ptr<float>() + r0 * n, n, nb);
+#ifdef HERMES_A8_WIDE
+    int4_a8_block_wide<decltype(rows)::value>(
+#else
+    int4_a8_block<decltype(rows)::value>(
+#endif
+        wp, sp, zp, a.q.data() + r0 * k, a.d.data() + r0 * blocks, a.sums.data() + r0 * groups,
+        k, groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
   });
 #endif
 }

@@ -11,7 +11,10 @@
 // sign (vpsignb), pairs summed to int16 (at most 2 * 128 * 127 = 32512: no saturation), and
 // vpmaddwd by ones sums each output's two pairs to int32 (with AVX512-VNNI one vpdpbusd does
 // both). About 9 instructions per row per 64
-// weights against quant_f32's 16: the rows of a batch cost less than half.
+// weights against quant_f32's 16: the rows of a batch cost less than half. With AVX512-VBMI
+// (HERMES_A8_WIDE) the block is 512 bits wide: one vpermb turns two pair rows into 16 outputs
+// x 4 inputs, the weights go unsigned (q + 128) for vpdpbusd, and 128 times each half-block's
+// sum of q_x comes off the int32 sums (int8_a8_block_wide).
 //   int8_a8_gemv(out [M, N] f32, x [M, K] f32, packed [N / 16, K / 2, 16, 2] int8,
 //                scales [N / 16, K / group, 16] f32): any M, in int4_a8_gemv's tiles
 //                of A8_TILE_ROWS rows, each reading the weight once; K % 32 == 0;
@@ -87,6 +90,66 @@ inline void int8_a8_block(const int8_t* w, const float* scales, const int8_t* xq
 
 #endif
 
+#ifdef HERMES_A8_WIDE
+// vpermb's index for two pair rows: byte 4 j + 2 r + t of the result (output j, pair row r,
+// input t of the pair) is byte 32 r + 2 j + t of the rows
+struct Int8PairRowsToLanes {
+  alignas(64) uint8_t index[64];
+  constexpr Int8PairRowsToLanes() : index() {
+    for (int i = 0; i < 64; ++i)
+      index[i] = static_cast<uint8_t>(32 * ((i % 4) / 2) + 2 * (i / 4) + i % 2);
+  }
+};
+inline constexpr Int8PairRowsToLanes INT8_PAIR_ROWS_TO_LANES{};
+
+// int8_a8_block, 512 bits wide: one vpermb puts 16 outputs x 4 inputs in 16 lanes, and the
+// weights go unsigned (q + 128, 0..255: -128 too) for vpdpbusd with the activations as they
+// are; each chunk's sum then carries 128 times the chunk's sum of q_x, taken off before it is
+// scaled (halves128: quantize_a8's half-block sums, times 128)
+template <int M>
+inline void int8_a8_block_wide(const int8_t* w, const float* scales, const int8_t* xq,
+                               const float* xd, const int32_t* halves128, int64_t k,
+                               int64_t groups, int64_t gp, float* out, int64_t n, int64_t nb) {
+  const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
+  const int8_t* wb = w + nb * k2 * 32;
+  const __m512i to_lanes = _mm512_load_si512(INT8_PAIR_ROWS_TO_LANES.index);
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[M];  // lane j: output j
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  const int64_t chunk = std::min<int64_t>(gp, A8_BLOCK / 2);  // pair rows of one scale
+  for (int64_t p0 = 0; p0 < k2; p0 += chunk) {
+    const __m512 s = _mm512_loadu_ps(scales + (nb * groups + p0 / gp) * 16);
+    __m512i sum[M][2];  // two dependency chains
+    for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm512_setzero_si512();
+    for (int64_t p = p0; p < p0 + chunk; p += 4) {
+      _mm_prefetch(reinterpret_cast<const char*>(wb + p * 32 + A8_PREFETCH), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wb + p * 32 + A8_PREFETCH + 64), _MM_HINT_T0);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i v = _mm512_xor_si512(
+            _mm512_permutexvar_epi8(to_lanes, _mm512_loadu_si512(
+                                                  reinterpret_cast<const void*>(wb + (p + 2 * h) * 32))),
+            offset);
+        for (int m = 0; m < M; ++m) {
+          int32_t four;
+          std::memcpy(&four, xq + m * k + 2 * (p + 2 * h), 4);
+          sum[m][h] = _mm512_dpbusd_epi32(sum[m][h], v, _mm512_set1_epi32(four));
+        }
+      }
+    }
+    const int64_t b = (2 * p0) / A8_BLOCK, half = (2 * p0) / (A8_BLOCK / 2);
+    for (int m = 0; m < M; ++m) {
+      const int32_t* h128 = halves128 + m * 2 * blocks;
+      const int32_t off = chunk == A8_BLOCK / 2 ? h128[half] + h128[half + 1] : h128[half];
+      const __m512i exact = _mm512_sub_epi32(_mm512_add_epi32(sum[m][0], sum[m][1]),
+                                             _mm512_set1_epi32(off));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact),
+                               _mm512_mul_ps(_mm512_set1_ps(xd[m * blocks + b]), s), acc[m]);
+    }
+  }
+  for (int m = 0; m < M; ++m) _mm512_storeu_ps(out + m * n + nb * 16, acc[m]);
+}
+#endif
+
 inline void int8_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
                          const at::Tensor& scales) {
   TORCH_CHECK(a8_supported(), "int8_a8_gemv needs AVX2 and FMA");
@@ -97,12 +160,18 @@ inline void int8_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   const int64_t m = a8_rows(out, x, n, k);
 #if defined(__AVX2__) && defined(__FMA__)
   const int64_t groups = k / (2 * gp), blocks = k / A8_BLOCK, nblocks = n / 16;
-  const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 0);
+  const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 0, false, a8_wide());
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t nb) {
+#ifdef HERMES_A8_WIDE
+    int8_a8_block_wide<decltype(rows)::value>(wp, sp, a.q.data() + r0 * k, a.d.data() + r0 * blocks,
+                                              a.halves128.data() + r0 * 2 * blocks, k, groups, gp,
+                                              out.data_ptr<float>() + r0 * n, n, nb);
+#else
     int8_a8_block<decltype(rows)::value>(wp, sp, a.q.data() + r0 * k, a.d.data() + r0 * blocks, k,
                                          groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
+#endif
   });
 #endif
 }

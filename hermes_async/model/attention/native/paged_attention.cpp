@@ -260,6 +260,7 @@ using hermes_native::pack_experts;
 using hermes_native::int4_a8_gemv;
 using hermes_native::a8_supported;
 using hermes_native::a8_vnni;
+using hermes_native::a8_wide;
 using hermes_native::int4_dequantize;
 using hermes_native::int8_a8_gemv;
 using hermes_native::int4_gemv;
@@ -294,6 +295,7 @@ TORCH_LIBRARY(hermes_native, m) {
   m.def("int4_dequantize(Tensor(a!) out, Tensor packed, Tensor scales, Tensor mins) -> ()");
   m.def("a8_supported() -> bool", &a8_supported);
   m.def("a8_vnni() -> bool", &a8_vnni);
+  m.def("a8_wide() -> bool", &a8_wide);
   m.def("int4_a8_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales, Tensor mins) -> ()");
   m.def("int8_a8_gemv(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales) -> ()");
 }

@@ -8,8 +8,9 @@ earlier round cannot serve them); every server sees the same seeds.
     .venv/bin/python loadtest/compare_rounds.py --servers hermes,vllm --runs short@32 \\
         --rounds 5 --dtype bfloat16 --out-dir /tmp/rounds
 
-A server may carry environment settings after ``+`` (``hermes+OMP_WAIT_POLICY=PASSIVE``):
-the same server twice with and without a setting is an A/B of that setting.
+A server may carry environment settings after ``+`` (``hermes+OMP_WAIT_POLICY=PASSIVE``) and
+command-line flags (``hermes+--quantization=int8``): the same server twice with and without a
+setting is an A/B of that setting.
 
 Prints, per run, each round's output tok/s and TTFT p50 per server, then the medians and the
 ratio of the medians (hermes / peer for tok/s, peer / hermes for TTFT: > 1 means hermes is
@@ -33,22 +34,28 @@ from serving_config import BenchConfig
 from serving_sweep import run_benchmark
 
 
-def parse_label(label: str) -> tuple[str, dict[str, str]]:
-    """``name[+KEY=VALUE...]`` -> (server name, extra environment)."""
+def parse_label(label: str) -> tuple[str, dict[str, str], list[str]]:
+    """``name[+KEY=VALUE...][+--flag=VALUE...]`` -> (server name, extra environment, extra
+    command-line arguments): ``hermes+--quantization=int8`` serves with ``--quantization int8``
+    (a flag without ``=VALUE`` is passed alone)."""
     name, *settings = label.split("+")
-    bad = [kv for kv in settings if "=" not in kv]
+    flags = [s for s in settings if s.startswith("--")]
+    env = [s for s in settings if not s.startswith("--")]
+    bad = [kv for kv in env if "=" not in kv]
     if bad:
-        raise ValueError(f"{label!r}: settings after '+' are KEY=VALUE, not {bad}")
-    return name, dict(kv.split("=", 1) for kv in settings)
+        raise ValueError(f"{label!r}: settings after '+' are KEY=VALUE or --flag[=VALUE], "
+                         f"not {bad}")
+    args = [part for flag in flags for part in flag.split("=", 1)]
+    return name, dict(kv.split("=", 1) for kv in env), args
 
 
 def start(label: str, port: int, hf: Path, gguf: Path, args: argparse.Namespace,
           out_dir: Path) -> tuple[subprocess.Popen, str]:
-    """Start the server ``label`` names (``name[+KEY=VALUE...]``) on ``port``; returns the
+    """Start the server ``label`` names (:func:`parse_label`) on ``port``; returns the
     process and the model id it serves."""
-    name, settings = parse_label(label)
+    name, settings, flags = parse_label(label)
     cmd, env = server_command(name, port, hf, gguf, args.threads, args.dtype)
-    env = {**env, **settings}
+    cmd, env = cmd + flags, {**env, **settings}
     log = (out_dir / f"{label.replace('/', '_')}.log").open("w")
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -9,12 +9,14 @@ def summary(tok_s: float, ttft_s: float) -> dict:
     return {"output_throughput": tok_s, "ttft_ms": {"p50": ttft_s * 1000}}
 
 
-def test_labels_carry_environment_settings():
+def test_labels_carry_environment_settings_and_flags():
     from compare_rounds import parse_label
 
-    assert parse_label("hermes") == ("hermes", {})
+    assert parse_label("hermes") == ("hermes", {}, [])
     assert parse_label("hermes+OMP_WAIT_POLICY=PASSIVE+A=b=c") == (
-        "hermes", {"OMP_WAIT_POLICY": "PASSIVE", "A": "b=c"})
+        "hermes", {"OMP_WAIT_POLICY": "PASSIVE", "A": "b=c"}, [])
+    assert parse_label("hermes+--quantization=int8+A=b+--no-warmup") == (
+        "hermes", {"A": "b"}, ["--quantization", "int8", "--no-warmup"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_label("hermes+PASSIVE")
 

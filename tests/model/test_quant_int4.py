@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hermes_async.config import CacheConfig, ModelConfig
-from hermes_async.model.quant.weights import PAIRS, ROWS, quantize_int4
+from hermes_async.model.quant.weights import PAIRS, ROWS, narrow_scales, quantize_int4
 from hermes_async.model.runner import ModelRunner
 from tests.model.conftest import KERNEL_HEAD_DIM, native_unavailable
 from tests.model.test_quant_int8 import NEEDS, ROUNDING, _kernel, assert_same_greedy, kernel_dtypes
@@ -38,6 +38,29 @@ def test_quantizer_is_within_half_a_step_and_layouts_agree(group, layout):
     other = quantize_int4(w, group, PAIRS if layout == ROWS else ROWS)
     assert all(torch.equal(a, b) for a, b in zip(q.rows(), other.rows(), strict=True))
     assert q.nbytes == (32 * 256 // (2 if layout == PAIRS else 1)) + 2 * 4 * 32 * (256 // group)
+
+
+@pytest.mark.parametrize("layout", [ROWS, PAIRS])
+def test_scales_and_mins_are_float16_values_that_narrow_losslessly(layout):
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(32, 256, generator=gen) * torch.rand(32, 1, generator=gen) + 0.3
+    q = quantize_int4(w, 32, layout)
+    half = narrow_scales(q)
+    assert half is not None and half.scales.dtype == half.mins.dtype == torch.float16
+    assert torch.equal(half.dequantize(torch.float32), q.dequantize(torch.float32))
+    assert half.nbytes == q.nbytes - 2 * 2 * 32 * (256 // 32)  # 20 bytes a group, not 24
+    values, scales, _ = q.rows()
+    assert int(values.max()) <= 15 and int(values.min()) >= 0
+    # a scale rounded up to float16 still spans its group's range in 15 steps
+    groups = w.reshape(32, 8, 32)
+    assert ((groups.amax(-1) - groups.amin(-1)) / 15 <= scales).all()
+    assert narrow_scales(half) is None  # already narrow
+    # out of float16's normal range: the scales stay float32 (and do not narrow)
+    for far in (w * 1e6, w * 1e-7):
+        wide = quantize_int4(far, 32, layout)
+        assert narrow_scales(wide) is None
+        step = wide.rows()[1].repeat_interleave(32, dim=1)
+        assert ((wide.dequantize(torch.float32) - far).abs() <= step / 2 * (1 + 1e-5)).all()
 
 
 def test_quantizer_refusals_and_constant_groups():
@@ -70,9 +93,13 @@ def test_int4_gemv_matches_float64_of_the_dequantized_weight(n, k, group, dtype)
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_int4_dequantize_is_the_reference_to_one_rounding(dtype):
+@pytest.mark.parametrize("scales", ["float32", "float16"])
+def test_int4_dequantize_is_the_reference_to_one_rounding(dtype, scales):
     gen = torch.Generator().manual_seed(5)
     q = quantize_int4(torch.randn(96, 256, generator=gen), 32, PAIRS)
+    if scales == "float16":
+        q = narrow_scales(q)
+        assert q is not None and q.scales.dtype == q.mins.dtype == torch.float16
     w = torch.empty(96, 256, dtype=getattr(torch, dtype))
     torch.ops.hermes_native.int4_dequantize(w, q.values, q.scales, q.mins)
     exact = q.dequantize(torch.float32)

@@ -49,7 +49,7 @@ from hermes_async.model.layer_ops import (
 )
 from hermes_async.model.packed import PackedExperts
 from hermes_async.model.quant.a8 import BLOCK as A8_BLOCK
-from hermes_async.model.quant.weights import PAIRS, W8A8, QuantizedWeight
+from hermes_async.model.quant.weights import PAIRS, W8A8, QuantizedWeight, narrow_scales
 from hermes_async.model.spec import ModelSpec
 from hermes_async.step import SequenceStep
 
@@ -244,7 +244,8 @@ class NativeOps:
             weight.group % A8_BLOCK == 0 or (not int4 and weight.group == A8_BLOCK // 2)) and (
             rows <= (self.int4_a8_max_rows if int4 else self.int8_a8_max_rows))
         most = self.int4_gemv_max_rows if int4 else self.int8_gemv_max_rows
-        if rows > most and not a8:
+        # float16 scales (_narrow_int4_scales) are the a8 kernel's and the dequantizer's only
+        if (rows > most or weight.scales.dtype == torch.float16) and not a8:
             w = self._dequantized(n, k, x.dtype)
             (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
             return F.linear(x, w, bias)
@@ -383,7 +384,39 @@ class NativeCpuBackend(AttentionBackend):
         if ONEDNN_W8A8 in parts:
             done.append(prepare_onednn_w8a8(load_ops(), model, dtype))
         done.append(self._pack_experts(model, dtype, parts))
+        done.append(self._narrow_int4_scales(model, dtype, parts))
         return "; ".join(d for d in done if d) or None
+
+    @staticmethod
+    def _narrow_int4_scales(model: torch.nn.Module, dtype: torch.dtype,
+                            parts: frozenset[str]) -> str | None:
+        """int4 weights that ``int4_a8_gemv`` will read (``native-int4-a8`` admitted and asked
+        for: K and the group in blocks of 32) with their scales and mins stored as float16
+        where each is a float16 value (:func:`~hermes_async.model.quant.weights.narrow_scales`:
+        the same weight): 20 bytes a group of 32 in place of 24, the bytes a one-row decode
+        step streams (measured: BENCHMARKS.md). ``int4_dequantize`` reads them too (steps past
+        the a8 kernel's rows); ``int4_gemv`` does not, so the weights stay as they are
+        without the a8 kernel."""
+        ops = torch.ops.hermes_native
+        if (not {NATIVE_INT4, NATIVE_INT4_A8} <= parts
+                or dtype not in (torch.float32, torch.bfloat16) or not ops.a8_supported()
+                or not ops.int4_gemv_supported(dtype)):
+            return None
+        narrowed, before, after = 0, 0, 0
+        table = getattr(model, "quantized_embed", None)  # an untied token table's blocks
+        for q in [*model.quantized_weights(), table]:  # type: ignore[operator]
+            if (not isinstance(q, QuantizedWeight) or q.layout != PAIRS
+                    or q.shape[1] % A8_BLOCK or q.group % A8_BLOCK):
+                continue
+            half = narrow_scales(q)
+            if half is None:  # not int4, already narrowed, or not float16 values
+                continue
+            narrowed += 1
+            before += q.nbytes
+            q.scales, q.mins = half.scales, half.mins  # in place: every holder sees it
+            after += q.nbytes
+        return (f"{narrowed} int4 weights' scales and mins as float16 "
+                f"({before / 2**20:.0f} MiB -> {after / 2**20:.0f} MiB)" if narrowed else None)
 
     @staticmethod
     def _pack_experts(model: torch.nn.Module, dtype: torch.dtype,

@@ -313,10 +313,11 @@ INT4_ROWS = (1, 3, 8, 11, 17)
 
 def probe_native_int4(shapes: ProbeShapes) -> ProbeReport:
     """``int4_gemv`` on every linear shape the model's int4 scheme quantizes against float64
-    of the same dequantized weight, and ``int4_dequantize`` (to one bfloat16 rounding)."""
+    of the same dequantized weight, and ``int4_dequantize`` (to one bfloat16 rounding; float32
+    and float16 scales)."""
     from hermes_async.model.attention import native
     from hermes_async.model.quant.apply import INT4_GROUPS
-    from hermes_async.model.quant.weights import PAIRS, quantize_int4
+    from hermes_async.model.quant.weights import PAIRS, narrow_scales, quantize_int4
 
     native.load()
     ops = torch.ops.hermes_native
@@ -337,6 +338,10 @@ def probe_native_int4(shapes: ProbeShapes) -> ProbeReport:
         w = torch.empty(q.shape[0], k, dtype=dtype)
         ops.int4_dequantize(w, q.values, q.scales, q.mins)
         worst.add(w, exact)
+        half = narrow_scales(q)  # float16 scales and mins (int4_a8_gemv's weights)
+        if half is not None:
+            ops.int4_dequantize(w, half.values, half.scales, half.mins)
+            worst.add(w, exact)
         for rows in INT4_ROWS:
             x = torch.randn(rows, k, generator=gen).to(dtype)
             out = torch.empty(rows, q.shape[0], dtype=dtype)
@@ -375,7 +380,12 @@ def probe_native_int8_a8(shapes: ProbeShapes) -> ProbeReport:
 def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) -> ProbeReport:
     from hermes_async.model.attention import native
     from hermes_async.model.quant.a8 import BLOCK, dequantize_blocks
-    from hermes_async.model.quant.weights import PAIRS, quantize_int4, quantize_int8
+    from hermes_async.model.quant.weights import (
+        PAIRS,
+        narrow_scales,
+        quantize_int4,
+        quantize_int8,
+    )
 
     native.load()
     ops = torch.ops.hermes_native
@@ -397,19 +407,27 @@ def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) ->
             else:
                 q = quantize_int8(weight, group, PAIRS)
             exact = q.dequantize(torch.float32).double()
+            half = narrow_scales(q)  # int4: the scales and mins as float16 too, as run
             for rows in A8_ROWS:
                 x = torch.randn(rows, k, generator=gen).to(dtype).float()
                 x[0, :BLOCK] = 0.0
+                ref = dequantize_blocks(x) @ exact.T
                 out = torch.empty(rows, q.shape[0])
                 if bits == "int4":
                     ops.int4_a8_gemv(out, x, q.values, q.scales, q.mins)
+                    if half is not None:
+                        out16 = torch.empty_like(out)
+                        ops.int4_a8_gemv(out16, x, half.values, half.scales, half.mins)
+                        worst.add(out16, ref)
                 else:
                     ops.int8_a8_gemv(out, x, q.values, q.scales)
-                worst.add(out, dequantize_blocks(x) @ exact.T)
+                worst.add(out, ref)
     if not worst.cases:
         raise NotApplicable(f"no linear shape the {bits} x int8 GEMV takes (N % 16, K % 32)")
     named = ", ".join("per channel" if g is None else f"groups of {g}" for g in groups)
     how = "AVX512-VNNI" if ops.a8_vnni() else "AVX2"
+    if bits == "int4":
+        how += "; float32 and float16 scales"
     if ops.a8_wide():
         how += ", 512-bit with AVX512-VBMI's vpermb"
     # float32's tolerance in either dtype: the kernel's arithmetic is float32's

@@ -22,9 +22,10 @@
 // approximation beyond the weight's own is the activations' rounding, up to half a step
 // (max|x| / 254) per element: measured by loadtest/bench_quant_quality.py.
 //   int4_a8_gemv(out [M, N] f32, x [M, K] f32, packed [N / 16, K / 2, 16] uint8,
-//                scales, mins [N / 16, K / group, 16] f32): any M, in tiles of A8_TILE_ROWS
-//                rows, each reading the weight once (passes of A8_PASS_ROWS over a block of
-//                16 outputs held in cache); K % 32 == 0, group % 32 == 0.
+//                scales, mins [N / 16, K / group, 16] f32, or both f16: 20 bytes a group
+//                of 32 in place of 24): any M, in tiles of A8_TILE_ROWS rows, each
+//                reading the weight once (passes of A8_PASS_ROWS over a block of 16
+//                outputs held in cache); K % 32 == 0, group % 32 == 0.
 #pragma once
 
 #include "common.h"
@@ -174,11 +175,17 @@ inline A8Activations quantize_a8(const float* x, int64_t m, int64_t k, int64_t g
 
 #if defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t A8_PASS_ROWS = 4;
-constexpr int64_t A8_PREFETCH = 1024;  // bytes ahead in a block's stream
+constexpr int64_t A8_PREFETCH = 4096;  // bytes ahead in a block's stream
+
+// 8 scales (or mins) as float32, from float32 or float16 (F16C: every AVX2 CPU has it)
+inline __m256 load8_ps(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8_ps(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
 // one block of 16 outputs, M rows from x row 0 of the pass
-template <int M>
-inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mins,
+template <int M, typename S>
+inline void int4_a8_block(const uint8_t* w, const S* scales, const S* mins,
                           const int8_t* xq, const float* xd, const float* xs, int64_t k,
                           int64_t groups, int64_t gp, float* out, int64_t n, int64_t nb) {
   const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
@@ -193,7 +200,7 @@ inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mi
   for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t at = (nb * groups + g) * 16;
-    const __m256 sa = _mm256_loadu_ps(scales + at), sb = _mm256_loadu_ps(scales + at + 8);
+    const __m256 sa = load8_ps(scales + at), sb = load8_ps(scales + at + 8);
     const __m256 s0 = _mm256_permute2f128_ps(sa, sb, 0x20);  // 0-3, 8-11
     const __m256 s1 = _mm256_permute2f128_ps(sa, sb, 0x31);  // 4-7, 12-15
     for (int64_t p0 = g * gp; p0 < (g + 1) * gp; p0 += A8_BLOCK / 2) {  // one x block
@@ -238,7 +245,7 @@ inline void int4_a8_block(const uint8_t* w, const float* scales, const float* mi
         acc[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w1), _mm256_mul_ps(d, s1), acc[m][1]);
       }
     }
-    const __m256 za = _mm256_loadu_ps(mins + at), zb = _mm256_loadu_ps(mins + at + 8);
+    const __m256 za = load8_ps(mins + at), zb = load8_ps(mins + at + 8);
     const __m256 z0 = _mm256_permute2f128_ps(za, zb, 0x20);
     const __m256 z1 = _mm256_permute2f128_ps(za, zb, 0x31);
     for (int m = 0; m < M; ++m) {
@@ -265,9 +272,14 @@ struct PairRowsToLanes {
 };
 inline constexpr PairRowsToLanes PAIR_ROWS_TO_LANES{};
 
+inline __m512 load16_ps(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16_ps(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // int4_a8_block, 512 bits wide: xq in quantize_a8's evens-first order
-template <int M>
-inline void int4_a8_block_wide(const uint8_t* w, const float* scales, const float* mins,
+template <int M, typename S>
+inline void int4_a8_block_wide(const uint8_t* w, const S* scales, const S* mins,
                                const int8_t* xq, const float* xd, const float* xs, int64_t k,
                                int64_t groups, int64_t gp, float* out, int64_t n, int64_t nb) {
   const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
@@ -278,7 +290,7 @@ inline void int4_a8_block_wide(const uint8_t* w, const float* scales, const floa
   for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t at = (nb * groups + g) * 16;
-    const __m512 s = _mm512_loadu_ps(scales + at);
+    const __m512 s = load16_ps(scales + at);
     for (int64_t p0 = g * gp; p0 < (g + 1) * gp; p0 += A8_BLOCK / 2) {  // one x block
       // even and odd inputs summed apart: two dependency chains of 4 vpdpbusd a block
       __m512i even[M], odd[M];
@@ -304,7 +316,7 @@ inline void int4_a8_block_wide(const uint8_t* w, const float* scales, const floa
                                  _mm512_mul_ps(d, s), acc[m]);
       }
     }
-    const __m512 z = _mm512_loadu_ps(mins + at);
+    const __m512 z = load16_ps(mins + at);
     for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * groups + g]), z, acc[m]);
   }
   for (int m = 0; m < M; ++m) _mm512_storeu_ps(out + m * n + nb * 16, acc[m]);
@@ -360,17 +372,21 @@ inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   const int64_t groups = k / (2 * gp), blocks = k / A8_BLOCK, nblocks = n / 16;
   const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 2 * gp, a8_wide());
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* zp = mins.data_ptr<float>();
-  a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t nb) {
+  const auto run = [&](const auto* sp, const auto* zp) {
+    a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t nb) {
 #ifdef HERMES_A8_WIDE
-    int4_a8_block_wide<decltype(rows)::value>(
+      int4_a8_block_wide<decltype(rows)::value>(
 #else
-    int4_a8_block<decltype(rows)::value>(
+      int4_a8_block<decltype(rows)::value>(
 #endif
-        wp, sp, zp, a.q.data() + r0 * k, a.d.data() + r0 * blocks, a.sums.data() + r0 * groups,
-        k, groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
-  });
+          wp, sp, zp, a.q.data() + r0 * k, a.d.data() + r0 * blocks,
+          a.sums.data() + r0 * groups, k, groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
+    });
+  };
+  if (scales.scalar_type() == at::kHalf)  // 20 bytes a group of 32 in place of 24
+    run(scales.data_ptr<at::Half>(), mins.data_ptr<at::Half>());
+  else
+    run(scales.data_ptr<float>(), mins.data_ptr<float>());
 #endif
 }
 

@@ -13,7 +13,7 @@
 //   int4_gemv(out [M, N] bf16, x [M, K] bf16, packed [N / 16, K / 2, 16] uint8,
 //             scales, mins [N / 16, K / group, 16] float32); any M, in passes of 8 rows.
 //   int4_dequantize(out [N, K] bf16 or f32, packed, scales, mins): the weight, for steps of
-//             many rows.
+//             many rows (scales and mins float32 or float16).
 #pragma once
 
 #include "common.h"
@@ -118,8 +118,9 @@ inline std::tuple<int64_t, int64_t, int64_t> int4_shape(const at::Tensor& packed
   const int64_t nb = packed.size(0), k2 = packed.size(1);
   for (const at::Tensor* t : {&scales, &mins})
     TORCH_CHECK(t->dim() == 3 && t->is_contiguous() && t->size(0) == nb && t->size(2) == 16 &&
-                    t->scalar_type() == at::kFloat && t->size(1) == scales.size(1),
-                "scales and mins must be float32 [N / 16, K / group, 16]");
+                    (t->scalar_type() == at::kFloat || t->scalar_type() == at::kHalf) &&
+                    t->scalar_type() == scales.scalar_type() && t->size(1) == scales.size(1),
+                "scales and mins must be float32 (or both float16) [N / 16, K / group, 16]");
   const int64_t groups = scales.size(1);
   TORCH_CHECK(groups >= 1 && k2 % groups == 0, "K / 2 = ", k2, " pairs do not split into ",
               groups, " groups");
@@ -139,6 +140,8 @@ inline void int4_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& pac
               "out must be a contiguous [", m, ", ", n, "] of x's dtype");
   TORCH_CHECK(int4_gemv_supported(dtype), "int4_gemv in ", dtype, " needs ",
               dtype == at::kFloat ? "AVX2 and FMA" : "AVX512-BF16");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat, "int4_gemv reads float32 scales and mins "
+              "(float16 ones: int4_a8_gemv, int4_dequantize)");
   if (dtype == at::kFloat) {
     quant_f32_gemv<true>(out, x, packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
                          mins.data_ptr<float>(), n, k, gp);
@@ -180,9 +183,10 @@ inline void int4_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& pac
 #endif
 }
 
-// the weight row by row as q * scale + min, rounded to T
-template <typename T>
-void int4_dequantize_rows(T* op, const uint8_t* wp, const float* sp, const float* zp, int64_t n,
+// the weight row by row as q * scale + min, rounded to T; S: the scales' type (float32, or
+// float16 where quant/weights.py narrowed them)
+template <typename T, typename S>
+void int4_dequantize_rows(T* op, const uint8_t* wp, const S* sp, const S* zp, int64_t n,
                           int64_t k, int64_t gp) {
   const int64_t k2 = k / 2, groups = k2 / gp;
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
@@ -191,7 +195,7 @@ void int4_dequantize_rows(T* op, const uint8_t* wp, const float* sp, const float
       T* o = op + row * k;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t at = (nb * groups + g) * 16 + lane;
-        const float s = sp[at], z = zp[at];
+        const float s = static_cast<float>(sp[at]), z = static_cast<float>(zp[at]);
         for (int64_t p = g * gp; p < (g + 1) * gp; ++p) {
           const uint8_t b = wp[(nb * k2 + p) * 16 + lane];
           o[2 * p] = static_cast<T>(static_cast<float>(b & 15) * s + z);
@@ -210,12 +214,16 @@ inline void int4_dequantize(at::Tensor out, const at::Tensor& packed, const at::
                   out.size(0) == n && out.size(1) == k,
               "out must be a contiguous bfloat16 or float32 [", n, ", ", k, "]");
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* zp = mins.data_ptr<float>();
-  if (out.scalar_type() == at::kFloat)
-    int4_dequantize_rows(out.data_ptr<float>(), wp, sp, zp, n, k, gp);
+  const auto rows = [&](const auto* sp, const auto* zp) {
+    if (out.scalar_type() == at::kFloat)
+      int4_dequantize_rows(out.data_ptr<float>(), wp, sp, zp, n, k, gp);
+    else
+      int4_dequantize_rows(out.data_ptr<bf16>(), wp, sp, zp, n, k, gp);
+  };
+  if (scales.scalar_type() == at::kHalf)
+    rows(scales.data_ptr<at::Half>(), mins.data_ptr<at::Half>());
   else
-    int4_dequantize_rows(out.data_ptr<bf16>(), wp, sp, zp, n, k, gp);
+    rows(scales.data_ptr<float>(), mins.data_ptr<float>());
 }
 
 }  // namespace hermes_native

@@ -4,9 +4,14 @@ where it does not, at concurrency 1, 8 and 32, with the acceptance figures besid
     .venv/bin/python loadtest/bench_speculative.py --out-dir /tmp/spec \\
         --update-benchmarks BENCHMARKS.md
 
-Servers, one at a time: ``hermes-async serve`` (the embedded model unless ``--model``) without
+Servers (arms): ``hermes-async serve`` (the embedded model unless ``--model``) without
 speculation, with ``--speculative ngram`` and with ``--speculative suffix`` (``--methods``;
-``--spec-arg key=value`` sets more ``[speculative]`` keys for both).
+``--spec-arg key=value`` sets more ``[speculative]`` keys for both), and with ``--vllm`` vLLM
+without and with its ngram proposer. All arms are started first, each on its own port, and
+measured in turns: every cell (workload, concurrency) runs one round on each arm before the
+next round, the arms' order rotating from round to round, so a drift of the machine's speed
+(large on a shared VM) falls on every arm alike. A cell's figure is the median of its rounds'
+tok/s; acceptance counts all its rounds. Idle arms wait on their sockets (no CPU).
 Workloads (chat completions, greedy): ``repeat`` (repeat a paragraph word for word),
 ``json_edit`` (re-emit a JSON document with one field changed), ``rename`` (rename a variable
 in a function), ``tool_result`` (answer by quoting a long tool result) and ``open`` (short
@@ -23,16 +28,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
 import re
+import statistics
+import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench_models import cpu_line, port_free, update_benchmarks
-from compare_peers import REPO, Started, serve_and_measure
+from compare_peers import REPO, Started, stop, wait_ready
 
 MARK_START, MARK_END = "<!-- speculative:start -->", "<!-- speculative:end -->"
 WORKLOADS = ("repeat", "json_edit", "rename", "tool_result", "open", "agent")
@@ -158,21 +169,79 @@ async def round_of(session: Any, base: str, model: str, workload: str, concurren
             "drafts": drafts, "drafted": drafted, "accepted": kept}
 
 
-async def measure(started: Started, args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class Arm:
+    """One server of the comparison: its label, command line, extra environment and port."""
+
+    label: str
+    cmd: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+
+
+@contextlib.contextmanager
+def started(arms: list[Arm], out_dir: Path, timeout_s: float) -> Iterator[dict[str, Started]]:
+    """Start every arm at once, wait until each serves; yield those that came up (a failed
+    arm is reported and left out: one server failing must not end the comparison); stop all."""
+    procs: dict[str, subprocess.Popen] = {}
+    with contextlib.ExitStack() as stack:
+        for arm in arms:
+            print(f"[{arm.label}] starting on :{arm.port}: {' '.join(arm.cmd)}", flush=True)
+            log = stack.enter_context((out_dir / f"{arm.label}.log").open("w"))
+            procs[arm.label] = subprocess.Popen(arm.cmd, env={**os.environ, **arm.env},
+                                                stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
+            stack.callback(stop, procs[arm.label])
+        up: dict[str, Started] = {}
+        t0 = time.monotonic()
+        for arm in arms:
+            base = f"http://127.0.0.1:{arm.port}"
+            try:
+                model = wait_ready(base, procs[arm.label], timeout_s)
+            except Exception as e:  # noqa: BLE001 - reported, the other arms run
+                print(f"[{arm.label}] FAILED to start: {e!r} (log: {out_dir / arm.label}.log)",
+                      flush=True)
+                continue
+            up[arm.label] = Started(base, model, procs[arm.label].pid, time.monotonic() - t0)
+            print(f"[{arm.label}] ready after {up[arm.label].startup_s:.0f} s", flush=True)
+        yield up
+
+
+def cell_of(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """One cell's figure from its rounds: the median tok/s, the counters summed."""
+    return {"tok_s": statistics.median(r["tok_s"] for r in rounds),
+            "rounds_tok_s": [r["tok_s"] for r in rounds],
+            **{k: sum(r[k] for r in rounds)
+               for k in ("tokens", "seconds", "drafts", "drafted", "accepted")}}
+
+
+async def measure(servers: dict[str, Started], args: argparse.Namespace
+                  ) -> dict[str, dict[str, Any]]:
+    """Every cell on every server, a round at a time in rotating order; per server the cells'
+    figures (``cell_of``)."""
     import aiohttp
 
-    out: dict[str, Any] = {}
+    labels = list(servers)
+    rounds: dict[str, dict[str, list[dict[str, float]]]] = {label: {} for label in labels}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as s:
-        await round_of(s, started.base, started.model, "open", 1, 8, 10_000)  # warm-up
+        for label in labels:  # warm-up
+            await round_of(s, servers[label].base, servers[label].model, "open", 1, 8, 10_000)
+        turn = 0
         for workload in args.workloads:
             for c in args.concurrency:
-                rounds = [await round_of(s, started.base, started.model, workload, c,
-                                         args.max_tokens, 100 * r) for r in range(args.rounds)]
-                best = max(rounds, key=lambda x: x["tok_s"])
-                out[f"{workload}@{c}"] = best
-                print(f"  {workload}@{c}: {best['tok_s']:.1f} tok/s, drafted "
-                      f"{best['drafted']:.0f}, accepted {best['accepted']:.0f}", flush=True)
-    return out
+                key = f"{workload}@{c}"
+                for r in range(args.rounds):
+                    order = labels[turn % len(labels):] + labels[:turn % len(labels)]
+                    turn += 1
+                    for label in order:
+                        one = await round_of(s, servers[label].base, servers[label].model,
+                                             workload, c, args.max_tokens, 100 * r)
+                        rounds[label].setdefault(key, []).append(one)
+                print(f"  {key}: " + ", ".join(
+                    f"{label} {cell_of(rounds[label][key])['tok_s']:.1f}" for label in labels)
+                    + " tok/s", flush=True)
+    return {label: {key: cell_of(rs) for key, rs in cells.items()}
+            for label, cells in rounds.items()}
 
 
 def proposer_cost(context_tokens: int = 8192, steps: int = 2000) -> str:
@@ -243,11 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="HF directory or GGUF (default: embedded)")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--port", type=int, default=8321)
+    ap.add_argument("--port", type=int, default=8321,
+                    help="the first arm's port; the next arms take the ports after it")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--max-tokens", type=int, default=160)
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--methods", nargs="+", default=["ngram", "suffix"],
                     choices=["ngram", "suffix"])
     ap.add_argument("--vllm", action="store_true",
@@ -260,27 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update-benchmarks", type=Path, default=None)
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    if not port_free(args.port):
-        raise SystemExit(f"port {args.port} is taken")
-    results: dict[str, dict[str, Any] | None] = {}
-    vllm_results: dict[str, dict[str, Any] | None] = {}
-    arms = [] if args.no_hermes else [("off", [])] + [(m, ["--speculative", m])
-                                                      for m in args.methods]
-    for label, extra in arms:
+    arms: list[Arm] = []
+    specs = [] if args.no_hermes else [("off", [])] + [(m, ["--speculative", m])
+                                                       for m in args.methods]
+    for label, extra in specs:
         cmd = [str(REPO / ".venv" / "bin" / "hermes-async"), "serve", "--dtype", args.dtype,
-               "--port", str(args.port), "--log-level", "warning", *extra]
+               "--log-level", "warning", *extra]
         if args.model:
             cmd += ["--model", args.model]
-        env = {}
         if label != "off" and args.spec_arg:
             config = args.out_dir / f"speculative-{label}.toml"
             keys = "\n".join(f"{k} = {v}" for k, v in (a.split("=", 1) for a in args.spec_arg))
             config.write_text(f"[speculative]\nmethod = \"{label}\"\n{keys}\n")
             cmd += ["--config", str(config)]
-        results[label] = serve_and_measure(
-            label, cmd, env, args.port, args.out_dir / f"{label}.log", 600,
-            lambda started: asyncio.run(measure(started, args)))
-        (args.out_dir / f"{label}.json").write_text(json.dumps(results[label], indent=1))
+        arms.append(Arm(label, cmd))
     if args.vllm:
         from compare_peers import model_paths, server_command
 
@@ -288,17 +351,28 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.dumps({"method": "ngram", "num_speculative_tokens": 4,
                            "prompt_lookup_min": 2, "prompt_lookup_max": 4})
         for label, extra in (("vllm-off", []), ("vllm-ngram", ["--speculative-config", spec])):
-            cmd, env = server_command("vllm", args.port, hf, gguf, 2, args.dtype)
-            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", *extra]
-            vllm_results[label] = serve_and_measure(
-                label, cmd, env, args.port, args.out_dir / f"{label}.log", 900,
-                lambda started: asyncio.run(measure(started, args)))
-            (args.out_dir / f"{label}.json").write_text(json.dumps(vllm_results[label],
-                                                                    indent=1))
+            cmd, env = server_command("vllm", 0, hf, gguf, 2, args.dtype)
+            cmd = cmd[:cmd.index("--port")] + cmd[cmd.index("--port") + 2:]
+            arms.append(Arm(label, cmd + ["--enable-auto-tool-choice", "--tool-call-parser",
+                                          "hermes", *extra], env))
+    for i, arm in enumerate(arms):
+        arm.port = args.port + i
+        if not port_free(arm.port):
+            raise SystemExit(f"port {arm.port} is taken")
+        arm.cmd += ["--port", str(arm.port)]
+    with started(arms, args.out_dir, 900) as servers:
+        cells = asyncio.run(measure(servers, args)) if servers else {}
+    results: dict[str, dict[str, Any] | None] = {
+        a.label: cells.get(a.label) for a in arms if not a.label.startswith("vllm")}
+    vllm_results: dict[str, dict[str, Any] | None] = {
+        a.label: cells.get(a.label) for a in arms if a.label.startswith("vllm")}
+    for label, cell in {**results, **vllm_results}.items():
+        (args.out_dir / f"{label}.json").write_text(json.dumps(cell, indent=1))
     text = "\n".join([
         f"CPU: {cpu_line()}; model: {args.model or 'embedded default'}; greedy, max_tokens "
-        f"{args.max_tokens}; max(4, concurrency) requests per cell; best of {args.rounds} "
-        "round(s) per cell", ""] + ([report(results, args)] if results else [])
+        f"{args.max_tokens}; max(4, concurrency) requests per cell; median of {args.rounds} "
+        "round(s) per cell, the arms interleaved round by round", ""]
+        + ([report(results, args)] if results else [])
         + ["", proposer_cost()]
         + (["", "vLLM (anchor, same run):", "", report(vllm_results, args, "vllm-off")]
            if vllm_results else []))

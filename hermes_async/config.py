@@ -494,7 +494,7 @@ class SpeculativeConfig:
     """
 
     method: str = "off"
-    num_tokens: int = 4
+    num_tokens: int = 8
     min_n: int = 2
     max_n: int = 4
     max_batch_seqs: int = 8

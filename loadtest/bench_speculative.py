@@ -347,9 +347,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.vllm:
         from compare_peers import model_paths, server_command
 
+        from hermes_async.config import SpeculativeConfig
+
         hf, gguf = model_paths() if args.model is None else (Path(args.model), Path())
-        spec = json.dumps({"method": "ngram", "num_speculative_tokens": 4,
-                           "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+        # vLLM's proposer with hermes' own settings (its defaults, --spec-arg overrides)
+        ours = SpeculativeConfig(**{k: type(getattr(SpeculativeConfig, k))(v) for k, v in
+                                    (a.split("=", 1) for a in args.spec_arg)
+                                    if k in ("num_tokens", "min_n", "max_n")})
+        spec = json.dumps({"method": "ngram", "num_speculative_tokens": ours.num_tokens,
+                           "prompt_lookup_min": ours.min_n, "prompt_lookup_max": ours.max_n})
         for label, extra in (("vllm-off", []), ("vllm-ngram", ["--speculative-config", spec])):
             cmd, env = server_command("vllm", 0, hf, gguf, 2, args.dtype)
             cmd = cmd[:cmd.index("--port")] + cmd[cmd.index("--port") + 2:]

@@ -9,7 +9,11 @@ tokens of it are worth verifying, and the figures of how well it went.
   its match is longer. A constrained sequence drafts what its grammar forces, else the
   proposal, cut at the first token its grammar rejects.
 - **Length**: a drafted token costs compute whether or not it is kept. With ``r`` the
-  sequence's acceptance rate (a running estimate, each draft's share kept) draft ``i`` is kept
+  sequence's chance that a drafted token is kept once the one before it was (a running
+  estimate over its verified drafts: the kept tokens over the kept ones plus the first
+  rejected one; the tokens after a rejection were never tested, so counting them as failures,
+  as a plain share of the drafted tokens does, would take a copying sequence's long drafts
+  for short ones) draft ``i`` is kept
   with chance about ``r ** i``; it is worth verifying while that chance is above the step's
   marginal cost of one token relative to one sequence's share of a step,
   ``b / (a / S + b)`` for ``S`` decoding sequences and a step time ``a + b * tokens``
@@ -27,7 +31,7 @@ from hermes_async.engine.ngram import NgramIndex
 from hermes_async.engine.request import Sequence
 from hermes_async.engine.suffix import AnswerTrees
 
-PRIOR_ACCEPTANCE = 0.5  # a sequence's acceptance rate before its first verified draft
+PRIOR_ACCEPTANCE = 0.5  # a sequence's continuation chance before its first verified draft
 ACCEPTANCE_WEIGHT = 0.3  # the running estimate's weight of the newest draft
 RECOVERY = 0.05  # per step without drafts, the estimate's move back towards the prior
 MIN_CHANCE = 0.02  # never draft a token kept less often than this, whatever the cost model
@@ -136,7 +140,8 @@ class Drafter:
 
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """A step verified ``drafted`` tokens of ``seq`` and kept ``accepted`` of them."""
-        share = accepted / drafted
+        tested = accepted + (1 if accepted < drafted else 0)  # the kept ones, the first miss
+        share = accepted / tested
         old = seq.draft_acceptance
         seq.draft_acceptance = share if old is None else (
             old + ACCEPTANCE_WEIGHT * (share - old))

@@ -131,7 +131,8 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     ngram: NgramIndex | None = None  # speculative decoding: its tokens' n-grams (drafts)
-    draft_acceptance: float | None = None  # running share of its drafted tokens kept
+    # speculative decoding: running chance a drafted token is kept once the one before was
+    draft_acceptance: float | None = None
     draft_tokens: int = 0  # drafted tokens verified for it
     accepted_tokens: int = 0  # of those, kept
 

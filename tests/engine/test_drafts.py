@@ -156,3 +156,18 @@ def test_adaptive_length_follows_acceptance_and_load():
     drafter.verified(copying, 4, 3)
     assert drafter.figures.as_dict()["acceptance_rate"] == 0.75
     assert copying.draft_tokens == 4 and copying.accepted_tokens == 3
+
+
+def test_acceptance_counts_the_tokens_tested_not_those_after_a_miss():
+    """Greedy verification stops at the first rejected draft: the tokens after it were never
+    tested, so the running estimate is the chance to keep a token once the one before was
+    kept (kept / (kept + the first miss)), not the share of the drafted tokens kept."""
+    drafter = Drafter(SpeculativeConfig(method="ngram", min_n=1, num_tokens=8))
+    seq = fake_seq([1, 2, 3])
+    drafter.verified(seq, 8, 2)  # 2 kept, the third missed: 2 of 3 tested
+    assert seq.draft_acceptance == pytest.approx(2 / 3)
+    drafter.verified(seq, 8, 8)  # all kept: no miss
+    assert seq.draft_acceptance == pytest.approx(2 / 3 + 0.3 * (1 - 2 / 3))
+    drafter.verified(seq, 4, 0)  # the first missed
+    assert seq.draft_acceptance == pytest.approx(0.7667 * 0.7, rel=1e-3)
+    assert drafter.figures.as_dict()["acceptance_rate"] == pytest.approx(10 / 20)

@@ -326,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hermes", action="store_true", help="only the vLLM servers")
     ap.add_argument("--spec-arg", action="append", default=[],
                     help="key=value of [speculative] for the speculating servers (repeatable)")
+    ap.add_argument("--kv-gib", type=float, default=1.0,
+                    help="each server's KV cache (all arms run at once)")
     ap.add_argument("--out-dir", type=Path, default=Path("loadtest/results/speculative"))
     ap.add_argument("--update-benchmarks", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -338,12 +340,15 @@ def main(argv: list[str] | None = None) -> int:
                "--log-level", "warning", *extra]
         if args.model:
             cmd += ["--model", args.model]
+        # every arm's KV pool of --kv-gib (the default, a share of free memory, is for one
+        # server alone on the machine)
+        config = args.out_dir / f"arm-{label}.toml"
+        text = f"[cache]\nkv_cache_bytes = {int(args.kv_gib * 2**30)}\n"
         if label != "off" and args.spec_arg:
-            config = args.out_dir / f"speculative-{label}.toml"
             keys = "\n".join(f"{k} = {v}" for k, v in (a.split("=", 1) for a in args.spec_arg))
-            config.write_text(f"[speculative]\nmethod = \"{label}\"\n{keys}\n")
-            cmd += ["--config", str(config)]
-        arms.append(Arm(label, cmd))
+            text += f"[speculative]\nmethod = \"{label}\"\n{keys}\n"
+        config.write_text(text)
+        arms.append(Arm(label, cmd + ["--config", str(config)]))
     if args.vllm:
         from compare_peers import model_paths, server_command
 
@@ -358,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                            "prompt_lookup_min": ours.min_n, "prompt_lookup_max": ours.max_n})
         for label, extra in (("vllm-off", []), ("vllm-ngram", ["--speculative-config", spec])):
             cmd, env = server_command("vllm", 0, hf, gguf, 2, args.dtype)
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(args.kv_gib)))  # GiB
             cmd = cmd[:cmd.index("--port")] + cmd[cmd.index("--port") + 2:]
             arms.append(Arm(label, cmd + ["--enable-auto-tool-choice", "--tool-call-parser",
                                           "hermes", *extra], env))

@@ -175,8 +175,8 @@ class Arm:
 
     label: str
     cmd: list[str]
+    port: int
     env: dict[str, str] = field(default_factory=dict)
-    port: int = 0
 
 
 @contextlib.contextmanager
@@ -332,23 +332,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update-benchmarks", type=Path, default=None)
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    spec_keys = dict(a.split("=", 1) for a in args.spec_arg)
     arms: list[Arm] = []
     specs = [] if args.no_hermes else [("off", [])] + [(m, ["--speculative", m])
                                                        for m in args.methods]
     for label, extra in specs:
+        port = args.port + len(arms)
         cmd = [str(REPO / ".venv" / "bin" / "hermes-async"), "serve", "--dtype", args.dtype,
-               "--log-level", "warning", *extra]
+               "--port", str(port), "--log-level", "warning", *extra]
         if args.model:
             cmd += ["--model", args.model]
         # every arm's KV pool of --kv-gib (the default, a share of free memory, is for one
         # server alone on the machine)
         config = args.out_dir / f"arm-{label}.toml"
         text = f"[cache]\nkv_cache_bytes = {int(args.kv_gib * 2**30)}\n"
-        if label != "off" and args.spec_arg:
-            keys = "\n".join(f"{k} = {v}" for k, v in (a.split("=", 1) for a in args.spec_arg))
+        if label != "off" and spec_keys:
+            keys = "\n".join(f"{k} = {v}" for k, v in spec_keys.items())
             text += f"[speculative]\nmethod = \"{label}\"\n{keys}\n"
         config.write_text(text)
-        arms.append(Arm(label, cmd + ["--config", str(config)]))
+        arms.append(Arm(label, cmd + ["--config", str(config)], port))
     if args.vllm:
         from compare_peers import model_paths, server_command
 
@@ -356,22 +358,21 @@ def main(argv: list[str] | None = None) -> int:
 
         hf, gguf = model_paths() if args.model is None else (Path(args.model), Path())
         # vLLM's proposer with hermes' own settings (its defaults, --spec-arg overrides)
-        ours = SpeculativeConfig(**{k: type(getattr(SpeculativeConfig, k))(v) for k, v in
-                                    (a.split("=", 1) for a in args.spec_arg)
-                                    if k in ("num_tokens", "min_n", "max_n")})
-        spec = json.dumps({"method": "ngram", "num_speculative_tokens": ours.num_tokens,
-                           "prompt_lookup_min": ours.min_n, "prompt_lookup_max": ours.max_n})
+        spec = json.dumps({
+            "method": "ngram",
+            "num_speculative_tokens": int(spec_keys.get("num_tokens",
+                                                        SpeculativeConfig.num_tokens)),
+            "prompt_lookup_min": int(spec_keys.get("min_n", SpeculativeConfig.min_n)),
+            "prompt_lookup_max": int(spec_keys.get("max_n", SpeculativeConfig.max_n))})
         for label, extra in (("vllm-off", []), ("vllm-ngram", ["--speculative-config", spec])):
-            cmd, env = server_command("vllm", 0, hf, gguf, 2, args.dtype)
+            port = args.port + len(arms)
+            cmd, env = server_command("vllm", port, hf, gguf, 2, args.dtype)
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(args.kv_gib)))  # GiB
-            cmd = cmd[:cmd.index("--port")] + cmd[cmd.index("--port") + 2:]
             arms.append(Arm(label, cmd + ["--enable-auto-tool-choice", "--tool-call-parser",
-                                          "hermes", *extra], env))
-    for i, arm in enumerate(arms):
-        arm.port = args.port + i
+                                          "hermes", *extra], port, env))
+    for arm in arms:
         if not port_free(arm.port):
             raise SystemExit(f"port {arm.port} is taken")
-        arm.cmd += ["--port", str(arm.port)]
     with started(arms, args.out_dir, 900) as servers:
         cells = asyncio.run(measure(servers, args)) if servers else {}
     results: dict[str, dict[str, Any] | None] = {

@@ -463,20 +463,22 @@ SPECULATIVE_METHODS = ("off", "ngram", "suffix")
 class SpeculativeConfig:
     """Speculative decoding: tokens proposed for a decode and verified in the same forward.
 
-    method: ``off`` or ``ngram`` (prompt lookup: the longest suffix of the sequence, prompt and
+    method: ``off`` or ``ngram`` (prompt lookup: the longest tail of the sequence, prompt and
         output, of ``min_n..max_n`` tokens that occurred earlier in it proposes the tokens that
-        followed its latest occurrence). The target samples every drafted position with the
-        normal sampler and keeps them while each sample equals the draft, plus the first that
-        does not: greedy output is the same as without, sampled output has the same
-        distribution.
+        followed most of its occurrences, the earliest one's on ties:
+        :class:`~hermes_async.engine.ngram.NgramIndex`). The target samples every drafted
+        position with the normal sampler and keeps them while each sample equals the draft,
+        plus the first that does not: greedy output is the same as without, sampled output
+        has the same distribution.
         ``suffix``: the same lookup in the sequence itself, and a shared suffix tree of the
         answers earlier sequences of the same cache namespace wrote (the tree's draft where
         its match is longer than the sequence's own; its length adapts to the match: no
         longer than the tail it matched, and only while the counts give the whole draft at
         least ``min_probability``).
     num_tokens: most tokens drafted per sequence and step.
-    min_n, max_n: the lengths of the suffix looked up (``min_n`` also the shortest tail
-        matched in the tree).
+    min_n, max_n: the lengths of the tail matched (``min_n`` also the shortest tail matched
+        in the tree). Tails up to 4 tokens are looked up in an index, longer ones compared
+        token by token from there, so a large ``max_n`` costs little.
     max_batch_seqs: drafting stops while more sequences than this decode (under load the
         forward is compute-bound and drafts cost more than they save).
     tree_depth: the tree keeps each answer's suffixes cut to this many tokens (the longest
@@ -495,8 +497,8 @@ class SpeculativeConfig:
 
     method: str = "off"
     num_tokens: int = 8
-    min_n: int = 2
-    max_n: int = 4
+    min_n: int = 1
+    max_n: int = 32
     max_batch_seqs: int = 8
     tree_depth: int = 16
     tree_max_answers: int = 256

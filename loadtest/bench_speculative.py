@@ -249,12 +249,14 @@ def proposer_cost(context_tokens: int = 8192, steps: int = 2000) -> str:
     the prompt: reported apart)."""
     import random as rnd
 
+    from hermes_async.config import SpeculativeConfig
     from hermes_async.engine.ngram import NgramIndex
     from hermes_async.engine.suffix import AnswerTree
 
     rng = rnd.Random(0)
     tokens = [rng.randrange(32000) for _ in range(context_tokens)]
-    index = NgramIndex(2, 4)
+    spec = SpeculativeConfig()
+    index = NgramIndex(spec.min_n, spec.max_n)
     t0 = time.perf_counter()
     index.propose(tokens, 4)
     first_ms = (time.perf_counter() - t0) * 1e3

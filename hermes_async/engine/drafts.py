@@ -8,17 +8,17 @@ tokens of it are worth verifying, and the figures of how well it went.
   earlier answers (:class:`~hermes_async.engine.suffix.AnswerTrees`), the tree's draft where
   its match is longer. A constrained sequence drafts what its grammar forces, else the
   proposal, cut at the first token its grammar rejects.
-- **Length**: a drafted token costs compute whether or not it is kept. With ``r`` the
-  sequence's chance that a drafted token is kept once the one before it was (a running
-  estimate over its verified drafts: the kept tokens over the kept ones plus the first
-  rejected one; the tokens after a rejection were never tested, so counting them as failures,
-  as a plain share of the drafted tokens does, would take a copying sequence's long drafts
-  for short ones) draft ``i`` is kept
-  with chance about ``r ** i``; it is worth verifying while that chance is above the step's
-  marginal cost of one token relative to one sequence's share of a step,
-  ``b / (a / S + b)`` for ``S`` decoding sequences and a step time ``a + b * tokens``
-  (:class:`StepCost`, fitted on the engine's own steps). At batch 1 on a weight-bound forward
-  nearly any draft pays; under load only sequences that keep copying do.
+- **Length**: a drafted token costs compute whether or not it is kept. With ``r`` the chance
+  that a drafted token is kept once the one before it was, draft ``i`` is kept with chance
+  about ``r ** i``; it is worth verifying while that chance is above the step's marginal cost
+  of one token relative to one sequence's share of a step, ``b / (a / S + b)`` for ``S``
+  decoding sequences and a step time ``a + b * tokens`` (:class:`StepCost`, fitted on the
+  engine's own steps). ``r`` comes from :class:`KeptChance`: engine-wide counts by where the
+  draft came from and how long a tail it matched, which is what tells a copy (a long match:
+  nearly every token kept) from a coincidence (a one-token match: about one in four on the
+  default model) better than any one sequence's history. At batch 1 on a weight-bound
+  forward nearly any draft pays; under load only long matches do. Tokens a grammar forces
+  are always kept: they are drafted whole.
 - **Figures**: drafts, drafted and accepted tokens, per request and for ``/cache/stats``.
 """
 
@@ -31,10 +31,11 @@ from hermes_async.engine.ngram import NgramIndex
 from hermes_async.engine.request import Sequence
 from hermes_async.engine.suffix import AnswerTrees
 
-PRIOR_ACCEPTANCE = 0.5  # a sequence's continuation chance before its first verified draft
-ACCEPTANCE_WEIGHT = 0.3  # the running estimate's weight of the newest draft
-RECOVERY = 0.05  # per step without drafts, the estimate's move back towards the prior
 MIN_CHANCE = 0.02  # never draft a token kept less often than this, whatever the cost model
+MATCH_BUCKETS = 8  # matched tails of 1..8 tokens counted apart (longer ones with 8)
+PRIOR_KEPT, PRIOR_TESTED = 1.0, 2.0  # each bucket's counts before any verification: 0.5
+DECAY = 0.99  # per verification, the weight its bucket's older counts keep
+RECOVERY = 0.02  # per draft withheld, its bucket's move back towards the prior
 
 
 class StepCost:
@@ -79,6 +80,39 @@ class StepCost:
         return max(MIN_CHANCE, b / (a / max(decodes, 1) + b))
 
 
+class KeptChance:
+    """The chance that a drafted token is kept once the one before it was, by the draft's
+    source (the sequence's own context, or the namespace's answer tree) and the length of the
+    tail it matched: exponentially decayed counts of the tokens verifications tested (the kept
+    ones and the first miss; those after a miss were never tested), over every sequence of
+    the engine. A bucket whose drafts stop paying is not verified any more, so each withheld
+    draft moves it back towards the prior a little (it is tried again later)."""
+
+    def __init__(self) -> None:
+        self._kept = [PRIOR_KEPT] * (2 * MATCH_BUCKETS)
+        self._tested = [PRIOR_TESTED] * (2 * MATCH_BUCKETS)
+
+    @staticmethod
+    def key(from_tree: bool, matched: int) -> int:
+        return (MATCH_BUCKETS if from_tree else 0) + min(max(matched, 1), MATCH_BUCKETS) - 1
+
+    def chance(self, key: int) -> float:
+        return self._kept[key] / self._tested[key]
+
+    def observe(self, key: int, kept: int, tested: int) -> None:
+        self._kept[key] = self._kept[key] * DECAY + kept
+        self._tested[key] = self._tested[key] * DECAY + tested
+
+    def withheld(self, key: int) -> None:
+        self._kept[key] += RECOVERY * (PRIOR_KEPT - self._kept[key])
+        self._tested[key] += RECOVERY * (PRIOR_TESTED - self._tested[key])
+
+    def as_dict(self) -> dict[str, list[float]]:
+        """Per source, the chance for tails of 1..MATCH_BUCKETS tokens."""
+        rates = [round(self.chance(key), 3) for key in range(2 * MATCH_BUCKETS)]
+        return {"context": rates[:MATCH_BUCKETS], "tree": rates[MATCH_BUCKETS:]}
+
+
 @dataclass
 class DraftFigures:
     """Counts since start (vLLM's meanings): drafts (steps with drafted tokens), drafted
@@ -103,6 +137,7 @@ class Drafter:
     def __init__(self, spec: SpeculativeConfig) -> None:
         self.spec = spec
         self.cost = StepCost()
+        self.kept = KeptChance()
         self.figures = DraftFigures()
         self.trees = (AnswerTrees(int(spec.tree_max_mib * 2**20), spec.tree_depth,
                                   spec.tree_max_answers, spec.min_probability)
@@ -111,40 +146,42 @@ class Drafter:
     def propose(self, seq: Sequence, most: int, decodes: int) -> tuple[int, ...]:
         """Up to ``most`` tokens to follow ``seq``'s last one, as many as pay with ``decodes``
         sequences decoding."""
-        spec = self.spec
-        rate = seq.draft_acceptance if seq.draft_acceptance is not None else PRIOR_ACCEPTANCE
-        threshold = self.cost.break_even(decodes)
-        worth, chance = 0, rate
-        while worth < most and chance >= threshold:
-            worth, chance = worth + 1, chance * rate
-        if not spec.adaptive:
-            worth = most
-        if worth == 0:  # drift back towards the prior: a sequence may start copying later
-            if seq.draft_acceptance is not None:
-                seq.draft_acceptance += RECOVERY * (PRIOR_ACCEPTANCE - seq.draft_acceptance)
-            return ()
         constraint = seq.constraint
-        drafts = tuple(constraint.forced_tokens()[:worth]) if constraint is not None else ()
+        forced = tuple(constraint.forced_tokens()[:most]) if constraint is not None else ()
+        if forced:  # kept whatever the sampler: always worth it
+            seq.draft_key = None
+            return forced
+        spec = self.spec
+        if seq.ngram is None:
+            seq.ngram = NgramIndex(spec.min_n, spec.max_n)
+        drafts, matched = seq.ngram.match(seq.tokens, most)
+        key = self.kept.key(False, matched)
+        tree = self.trees.get(seq.request.namespace) if self.trees is not None else None
+        if tree is not None:
+            found = tree.propose(seq.tokens, most, spec.min_n)
+            if found is not None and found.matched > matched:
+                drafts, key = found.tokens, self.kept.key(True, found.matched)
         if not drafts:
-            if seq.ngram is None:
-                seq.ngram = NgramIndex(spec.min_n, spec.max_n)
-            drafts, matched = seq.ngram.match(seq.tokens, worth)
-            tree = self.trees.get(seq.request.namespace) if self.trees is not None else None
-            if tree is not None:
-                found = tree.propose(seq.tokens, worth, spec.min_n)
-                if found is not None and found.matched > matched:
-                    drafts = found.tokens
-        if constraint is not None and drafts:
+            return ()
+        if spec.adaptive:
+            rate, threshold = self.kept.chance(key), self.cost.break_even(decodes)
+            worth, chance = 0, rate
+            while worth < len(drafts) and chance >= threshold:
+                worth, chance = worth + 1, chance * rate
+            if worth == 0:
+                self.kept.withheld(key)
+                return ()
+            drafts = drafts[:worth]
+        if constraint is not None:
             drafts = drafts[:constraint.valid_prefix(list(drafts))]
+        seq.draft_key = key
         return drafts
 
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """A step verified ``drafted`` tokens of ``seq`` and kept ``accepted`` of them."""
-        tested = accepted + (1 if accepted < drafted else 0)  # the kept ones, the first miss
-        share = accepted / tested
-        old = seq.draft_acceptance
-        seq.draft_acceptance = share if old is None else (
-            old + ACCEPTANCE_WEIGHT * (share - old))
+        if seq.draft_key is not None:
+            tested = accepted + (1 if accepted < drafted else 0)  # the kept ones, the first miss
+            self.kept.observe(seq.draft_key, accepted, tested)
         seq.draft_tokens += drafted
         seq.accepted_tokens += accepted
         f = self.figures
@@ -163,7 +200,8 @@ class Drafter:
             self.trees.drop(namespace)
 
     def stats(self) -> dict[str, object]:
-        out: dict[str, object] = {"method": self.spec.method, **self.figures.as_dict()}
+        out: dict[str, object] = {"method": self.spec.method, **self.figures.as_dict(),
+                                  "kept_chance_by_match": self.kept.as_dict()}
         fitted = self.cost.fit()
         if fitted is not None:
             out["step_cost_ms"] = {"per_step": fitted[0] * 1e3, "per_token": fitted[1] * 1e3}

@@ -131,8 +131,8 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     ngram: NgramIndex | None = None  # speculative decoding: its tokens' n-grams (drafts)
-    # speculative decoding: running chance a drafted token is kept once the one before was
-    draft_acceptance: float | None = None
+    # speculative decoding: what proposed its latest draft (a KeptChance key; None: forced)
+    draft_key: int | None = None
     draft_tokens: int = 0  # drafted tokens verified for it
     accepted_tokens: int = 0  # of those, kept
 

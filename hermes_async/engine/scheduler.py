@@ -118,9 +118,10 @@ class Scheduler:
                 continue  # preempted while making room for an older one
             if budget <= 0 or len(chosen) >= self.config.max_num_seqs:
                 break
-            n = min(len(seq.tokens) - seq.num_computed, budget)
+            left = len(seq.tokens) - seq.num_computed
+            n = min(left, budget)
             drafts: tuple[int, ...] = ()
-            if drafting is not None and n == 1:
+            if drafting is not None and left == 1:  # not a prefill the budget cut to one token
                 # a decode's drafts, within the budget left after one token for each other decode
                 room = budget - (len(decodes) - len(chosen))
                 drafts = drafting.propose(seq, len(decodes))[:max(0, room)]

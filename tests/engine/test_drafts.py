@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from hermes_async.config import SpeculativeConfig
-from hermes_async.engine.drafts import Drafter, StepCost
+from hermes_async.engine.drafts import PRIOR_KEPT, PRIOR_TESTED, Drafter, KeptChance, StepCost
 from hermes_async.engine.suffix import NODE_BYTES, AnswerTree, AnswerTrees, _size
 
 
@@ -106,7 +106,7 @@ def test_trees_stay_under_their_bytes_oldest_answers_of_any_namespace_first():
 def fake_seq(tokens, namespace="a", prompt=None):
     prompt = len(tokens) if prompt is None else prompt
     return SimpleNamespace(tokens=list(tokens), num_prompt_tokens=prompt, constraint=None,
-                           ngram=None, draft_acceptance=None, draft_tokens=0,
+                           ngram=None, draft_key=None, draft_tokens=0,
                            accepted_tokens=0, request=SimpleNamespace(namespace=namespace),
                            num_output_tokens=len(tokens) - prompt,
                            output_ids=list(tokens[prompt:]))
@@ -142,32 +142,52 @@ def test_step_cost_fit_and_break_even():
     assert a + b == pytest.approx(0.017) and b == pytest.approx(a / 16)
 
 
-def test_adaptive_length_follows_acceptance_and_load():
-    drafter = Drafter(SpeculativeConfig(method="ngram", min_n=1, num_tokens=8))
+def set_chance(drafter: Drafter, key: int, chance: float) -> None:
+    drafter.kept._kept[key], drafter.kept._tested[key] = chance * 1000, 1000.0
+
+
+def test_adaptive_length_follows_the_matched_length_and_load():
+    drafter = Drafter(SpeculativeConfig(method="ngram", min_n=1, max_n=32, num_tokens=8))
     for n in [1, 8, 40] * 5:
         drafter.cost.observe(n, 0.024 + 0.0024 * n)
-    copying = fake_seq([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 2 + [1])
-    copying.draft_acceptance = 0.8
-    assert len(drafter.propose(copying, 8, 1)) == 8  # batch 1: 0.8^8 = 0.17 > 0.09
+    cycle = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    copying = fake_seq(cycle * 2 + [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])  # a 22-token match
+    long_key = KeptChance.key(False, 22)
+    assert long_key == KeptChance.key(False, 8)  # long tails share the last bucket
+    set_chance(drafter, long_key, 0.8)
+    assert drafter.propose(copying, 8, 1) == (11, 12, 1, 2, 3, 4, 5, 6)  # 0.8^8 = 0.17 > 0.09
     assert len(drafter.propose(copying, 8, 8)) == 3  # 8 decoding: 0.8, 0.64, 0.51 > 0.44
-    copying.draft_acceptance = 0.05
-    assert drafter.propose(copying, 8, 1) == ()  # rejected drafts: stop drafting...
-    assert copying.draft_acceptance > 0.05  # ...and drift back towards the prior
+    assert copying.draft_key == long_key
+    coincidence = fake_seq([5, 7, 9, 11, 8, 5])  # a one-token match: 5 -> 7 9 11 8 5
+    set_chance(drafter, KeptChance.key(False, 1), 0.25)
+    assert drafter.propose(coincidence, 8, 1) == (7,)  # 0.25 > 0.09 > 0.0625
+    before = drafter.kept.chance(KeptChance.key(False, 1))
+    assert drafter.propose(coincidence, 8, 8) == ()  # under load: nothing pays...
+    assert drafter.kept.chance(KeptChance.key(False, 1)) > before  # ...drifting to the prior
     drafter.verified(copying, 4, 3)
     assert drafter.figures.as_dict()["acceptance_rate"] == 0.75
     assert copying.draft_tokens == 4 and copying.accepted_tokens == 3
 
 
-def test_acceptance_counts_the_tokens_tested_not_those_after_a_miss():
+def test_kept_chance_counts_the_tokens_tested_not_those_after_a_miss():
     """Greedy verification stops at the first rejected draft: the tokens after it were never
-    tested, so the running estimate is the chance to keep a token once the one before was
-    kept (kept / (kept + the first miss)), not the share of the drafted tokens kept."""
+    tested, so the estimate is the chance to keep a token once the one before was kept
+    (kept / (kept + the first miss)), not the share of the drafted tokens kept; each
+    bucket counts apart, and a verification of a forced draft counts in none."""
     drafter = Drafter(SpeculativeConfig(method="ngram", min_n=1, num_tokens=8))
     seq = fake_seq([1, 2, 3])
+    key = seq.draft_key = KeptChance.key(False, 3)
     drafter.verified(seq, 8, 2)  # 2 kept, the third missed: 2 of 3 tested
-    assert seq.draft_acceptance == pytest.approx(2 / 3)
+    assert drafter.kept.chance(key) == pytest.approx((PRIOR_KEPT * 0.99 + 2)
+                                                     / (PRIOR_TESTED * 0.99 + 3))
     drafter.verified(seq, 8, 8)  # all kept: no miss
-    assert seq.draft_acceptance == pytest.approx(2 / 3 + 0.3 * (1 - 2 / 3))
-    drafter.verified(seq, 4, 0)  # the first missed
-    assert seq.draft_acceptance == pytest.approx(0.7667 * 0.7, rel=1e-3)
-    assert drafter.figures.as_dict()["acceptance_rate"] == pytest.approx(10 / 20)
+    kept, tested = (PRIOR_KEPT * 0.99 + 2) * 0.99 + 8, (PRIOR_TESTED * 0.99 + 3) * 0.99 + 8
+    assert drafter.kept.chance(key) == pytest.approx(kept / tested)
+    other = KeptChance.key(True, 3)
+    assert drafter.kept.chance(other) == PRIOR_KEPT / PRIOR_TESTED  # the tree's bucket apart
+    seq.draft_key = None  # a grammar's forced tokens
+    drafter.verified(seq, 4, 4)
+    assert drafter.kept.chance(key) == pytest.approx(kept / tested)
+    assert drafter.figures.as_dict()["acceptance_rate"] == pytest.approx(14 / 20)
+    assert drafter.stats()["kept_chance_by_match"]["context"][2] == pytest.approx(
+        kept / tested, abs=1e-3)

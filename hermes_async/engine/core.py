@@ -187,7 +187,9 @@ class EngineCore:
         self.metrics.step_seconds.observe(seconds)
         self.metrics.step_tokens.observe(batch.num_tokens)
         self.metrics.step_seqs.observe(len(batch.steps))
-        if self.drafter is not None:
+        if self.drafter is not None and not batch.num_prefill_tokens:
+            # decodes and their drafts only: what drafting decides on (a prefill chunk's
+            # hundreds of tokens run at a GEMM's rate and would skew the fit)
             self.drafter.cost.observe(batch.num_tokens, seconds)
         tokens = [None if r is None else tuple(t.token_id for t in r.tokens) for r in results]
         for i in self.scheduler.update_from_output(batch, tokens):

@@ -13,12 +13,12 @@ tokens of it are worth verifying, and the figures of how well it went.
   about ``r ** i``; it is worth verifying while that chance is above the step's marginal cost
   of one token relative to one sequence's share of a step, ``b / (a / S + b)`` for ``S``
   decoding sequences and a step time ``a + b * tokens`` (:class:`StepCost`, fitted on the
-  engine's own steps). ``r`` comes from :class:`KeptChance`: engine-wide counts by where the
-  draft came from and how long a tail it matched, which is what tells a copy (a long match:
-  nearly every token kept) from a coincidence (a one-token match: about one in four on the
-  default model) better than any one sequence's history. At batch 1 on a weight-bound
-  forward nearly any draft pays; under load only long matches do. Tokens a grammar forces
-  are always kept: they are drafted whole.
+  engine's steps of decodes and drafts only). ``r`` comes from :class:`KeptChance`:
+  engine-wide counts by where the draft came from and how long a tail it matched, which is
+  what tells a copy (a long match: nearly every token kept) from a coincidence (a short
+  match) better than any one sequence's history. At batch 1 on a weight-bound forward nearly
+  any draft pays; under load only long matches do. Tokens a grammar forces are always kept:
+  they are drafted whole.
 - **Figures**: drafts, drafted and accepted tokens, per request and for ``/cache/stats``.
 """
 
@@ -32,7 +32,7 @@ from hermes_async.engine.request import Sequence
 from hermes_async.engine.suffix import AnswerTrees
 
 MIN_CHANCE = 0.02  # never draft a token kept less often than this, whatever the cost model
-MATCH_BUCKETS = 8  # matched tails of 1..8 tokens counted apart (longer ones with 8)
+MATCH_BUCKETS = 16  # matched tails of 1..16 tokens counted apart (longer ones with 16)
 PRIOR_KEPT, PRIOR_TESTED = 1.0, 2.0  # each bucket's counts before any verification: 0.5
 DECAY = 0.99  # per verification, the weight its bucket's older counts keep
 RECOVERY = 0.02  # per draft withheld, its bucket's move back towards the prior

@@ -10,7 +10,14 @@ from types import SimpleNamespace
 import pytest
 
 from hermes_async.config import SpeculativeConfig
-from hermes_async.engine.drafts import PRIOR_KEPT, PRIOR_TESTED, Drafter, KeptChance, StepCost
+from hermes_async.engine.drafts import (
+    MATCH_BUCKETS,
+    PRIOR_KEPT,
+    PRIOR_TESTED,
+    Drafter,
+    KeptChance,
+    StepCost,
+)
 from hermes_async.engine.suffix import NODE_BYTES, AnswerTree, AnswerTrees, _size
 
 
@@ -153,7 +160,7 @@ def test_adaptive_length_follows_the_matched_length_and_load():
     cycle = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     copying = fake_seq(cycle * 2 + [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])  # a 22-token match
     long_key = KeptChance.key(False, 22)
-    assert long_key == KeptChance.key(False, 8)  # long tails share the last bucket
+    assert long_key == KeptChance.key(False, MATCH_BUCKETS)  # long tails share the last bucket
     set_chance(drafter, long_key, 0.8)
     assert drafter.propose(copying, 8, 1) == (11, 12, 1, 2, 3, 4, 5, 6)  # 0.8^8 = 0.17 > 0.09
     assert len(drafter.propose(copying, 8, 8)) == 3  # 8 decoding: 0.8, 0.64, 0.51 > 0.44

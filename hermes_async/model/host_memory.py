@@ -41,3 +41,22 @@ def keep_freed_memory() -> bool:
     ok &= mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     ok &= mallopt(M_TOP_PAD, TOP_PAD)
     return bool(ok)
+
+
+def return_freed_memory() -> bool:
+    """Give the heap's free pages back to the kernel now (glibc's ``malloc_trim``: the pages
+    of freed blocks in the middle of the heap too), once, after start-up freed large buffers
+    that the raised thresholds keep; True when called."""
+    if not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True

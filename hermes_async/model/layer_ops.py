@@ -52,6 +52,13 @@ class TorchLayerOps:
             return self.quantized_linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
+    def release_float_weights(self, keep: set[int]) -> int:
+        """Drop the loaded copy of each float weight these ops hold in kernels' own copies
+        for every step size (``keep``: ``id()`` of weights something else reads, the tied
+        embedding table): its ``data`` becomes a NaN broadcast of the same shape, so that a
+        stray read shows. The bytes released; here none (plain torch reads them)."""
+        return 0
+
     def quantized_linear(self, x: torch.Tensor, weight: QuantizedWeight,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` times a quantized weight: here the reference, the weight dequantized
@@ -211,7 +218,10 @@ class VllmCpuLayerOps(TorchLayerOps):
         super().__init__(spec)
         self.ops = ops
         self.fused = fused
-        self._linears = {w.data_ptr(): OneDnnLinear(ops, w) for w in weights} if linears else {}
+        # by the weight's identity (its data may be released: release_float_weights), the
+        # weight held beside its handle so that the id is never another's
+        self._linears = ({id(w): (w, OneDnnLinear(ops, w)) for w in weights} if linears
+                         else {})
         self.parts = tuple(name for name, on in (("onednn-linear", linears and bool(weights)),
                                                  ("onednn-w8a8", w8a8),
                                                  ("vllm-fused-ops", fused)) if on)
@@ -232,8 +242,8 @@ class VllmCpuLayerOps(TorchLayerOps):
                bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
             return self.quantized_linear(x, weight, bias)
-        packed = self._linears.get(weight.data_ptr())
-        if packed is None:  # not prepacked (refused, or a weight added later): the plain path
+        held, packed = self._linears.get(id(weight), (None, None))
+        if held is not weight or packed is None:  # not prepacked (refused, or added later)
             return F.linear(x, weight, bias)
         return packed(x.contiguous(), bias)
 

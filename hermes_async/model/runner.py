@@ -18,7 +18,7 @@ import torch
 from hermes_async.config import CacheConfig, ModelConfig
 from hermes_async.model.attention import NATIVE_SCHEMES, select_for_config
 from hermes_async.model.dtype import resolve_dtype
-from hermes_async.model.host_memory import keep_freed_memory
+from hermes_async.model.host_memory import keep_freed_memory, return_freed_memory
 from hermes_async.model.kernels.paths import LAYER_OP
 from hermes_async.model.kv_pool import KVPool, plan_num_blocks
 from hermes_async.model.loader import DTYPES, load_model
@@ -99,6 +99,12 @@ class ModelRunner:
             log.info("weights: %s", prepared)
         self.model.ops = self.attention.layer_ops(spec, self.dtype, self.model.matmul_weights(),
                                                   self.layer_op_parts)
+        embed = self.model.embed  # the lookup reads the table (the LM head's too, tied)
+        released = self.model.ops.release_float_weights(set() if embed is None else {id(embed)})
+        if released:
+            return_freed_memory()
+            log.info("weights: %.0f MiB of loaded float weights released (read through the "
+                     "kernels' own copies)", released / 2**20)
         refused = [f"{v.name} ({v.reason})" for v in choice.verdicts
                    if v.kind == LAYER_OP and not v.ok]
         log.info("layer ops: %s%s", self.model.ops.name,

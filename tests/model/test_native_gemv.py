@@ -66,7 +66,7 @@ def test_layer_ops_take_it_for_few_bf16_rows_only(tiny_models):
     spec = read_spec(tiny_models("llama", KERNEL_HEAD_DIM))
     weight = torch.randn(64, 32).to(torch.bfloat16)
     ops = NativeTorchLayerOps(spec, torch.bfloat16, [weight])
-    assert weight.data_ptr() in ops._gemv
+    assert id(weight) in ops._gemv
     from torch.profiler import ProfilerActivity, profile
 
     for rows, uses_gemv in ((1, True), (8, True), (9, False), (32, False)):
@@ -106,3 +106,82 @@ def test_runner_decodes_through_it_as_through_the_matmul(tiny_models):
     finally:
         ops._gemv = packed
     assert (with_gemv - without).abs().max() <= 0.02 * without.abs().max()
+
+
+def _vllm_layer_ops_or_skip(runner) -> None:
+    if "onednn-linear" not in runner.model.ops.parts:
+        pytest.skip(f"no oneDNN linears here ({runner.model.ops.name})")
+
+
+def test_runner_keeps_only_the_kernels_copies_of_its_linears(tiny_models):
+    """Where every linear has both our GEMV's copy and oneDNN's (more rows, biases), the
+    loaded weights are released (meta tensors), the tied embedding table kept for the lookup;
+    prefills (oneDNN) and decodes (GEMV) give the logits of the same kernels over a model
+    that kept its weights."""
+    from hermes_async.config import CacheConfig, ModelConfig
+    from hermes_async.model.attention.native_cpu import is_released
+    from hermes_async.model.loader import load_model
+    from hermes_async.model.runner import ModelRunner
+    from hermes_async.step import SequenceStep
+
+    path = tiny_models("qwen3", KERNEL_HEAD_DIM)
+    runner = ModelRunner(path, ModelConfig(dtype="bfloat16", attention_backend="native-cpu"),
+                         CacheConfig(kv_cache_bytes=8 << 20))
+    _vllm_layer_ops_or_skip(runner)
+    model = runner.model
+    linears = [w for layer in model.layers
+               for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight,
+                         layer.down_weight)]
+    assert all(is_released(w) and w.isnan().all() for w in linears)
+    assert not is_released(model.embed) and not model.embed.isnan().any()  # the lookup's
+    assert is_released(model.head_weight) == (model.lm_head is not None)  # untied: released
+    kept = load_model(path, "bfloat16")
+    kept.ops = runner.attention.layer_ops(runner.spec, runner.dtype, kept.matmul_weights(),
+                                          runner.layer_op_parts)
+    assert kept.ops.name == model.ops.name
+    tables = [tuple(range(i * 4, i * 4 + 4)) for i in range(2)]
+    prompts = [tuple(range(5, 5 + n)) for n in (19, 33)]
+    prefill = [SequenceStep(t, 0, p) for t, p in zip(tables, prompts, strict=True)]
+    decode = [SequenceStep(t, len(p), (7,)) for t, p in zip(tables, prompts, strict=True)]
+    released = [runner.forward(prefill), runner.forward(decode)]
+    model_ops, runner.model = runner.model, kept
+    try:
+        reference = [runner.forward(prefill), runner.forward(decode)]
+    finally:
+        runner.model = model_ops
+    for ours, ref in zip(released, reference, strict=True):
+        assert torch.equal(ours, ref)
+
+
+def test_weights_with_a_onednn_copy_are_packed_past_the_budget(tiny_models, monkeypatch):
+    """The packed copies' budget binds only the weights that would keep their loaded copy
+    beside it (no oneDNN handle to read them for more rows)."""
+    from hermes_async.model.attention import native_cpu
+    from hermes_async.model.attention.native_cpu import (
+        NativeTorchLayerOps,
+        NativeVllmLayerOps,
+        is_released,
+    )
+    from hermes_async.model.attention.vllm_cpu import load_ops
+    from hermes_async.model.spec import read_spec
+
+    spec = read_spec(tiny_models("llama", KERNEL_HEAD_DIM))
+    weights = [torch.randn(64, 32).to(torch.bfloat16) for _ in range(3)]
+    kept = weights[0].clone()
+    monkeypatch.setattr(native_cpu, "GEMV_MAX_WEIGHT_BYTES", 64 * 32 * 2)
+    alone = NativeTorchLayerOps(spec, torch.bfloat16, weights)
+    assert list(alone._gemv) == [id(weights[0])]  # one fits the budget
+    assert alone.release_float_weights(set()) == 0  # nothing else reads them: all kept
+    try:
+        vllm_ops = load_ops()
+    except Exception as exc:  # noqa: BLE001 - the library is optional
+        pytest.skip(f"vLLM's CPU ops do not load: {exc}")
+    both = NativeVllmLayerOps(spec, torch.bfloat16, vllm_ops, weights,
+                              frozenset({"native-gemv", "onednn-linear"}))
+    assert set(both._gemv) == {id(w) for w in weights}
+    assert both.release_float_weights({id(weights[1])}) == 2 * 64 * 32 * 2
+    assert [is_released(w) for w in weights] == [True, False, True]
+    x = torch.randn(12, 32).to(torch.bfloat16)  # past the GEMV's rows: oneDNN's copy
+    ref = F.linear(x.float(), kept.float())
+    out = both.linear(x, weights[0]).float()
+    assert (out - ref).abs().max() <= 0.01 * ref.abs().max()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hermes_async.config import CacheConfig, ModelConfig
+from hermes_async.model.loader import load_model
 from hermes_async.model.quant.weights import PAIRS, ROWS, narrow_scales, quantize_int4
 from hermes_async.model.runner import ModelRunner
 from tests.model.conftest import KERNEL_HEAD_DIM, native_unavailable
@@ -154,7 +155,8 @@ def _dequantized_runner(path, backend: str, layout: str, group: int,
     dt = getattr(torch, dtype)
     runner = ModelRunner(path, ModelConfig(dtype=dtype, attention_backend=backend),
                          CacheConfig(kv_cache_bytes=8 << 20))
-    model = runner.model
+    # a fresh copy: the runner's own weights may live only in its kernels' copies
+    model = runner.model = load_model(path, dtype)
 
     def ok(w: torch.Tensor) -> bool:
         return not (w.shape[1] % group or (layout == PAIRS and w.shape[0] % 16))
@@ -168,9 +170,8 @@ def _dequantized_runner(path, backend: str, layout: str, group: int,
     if ok(head):
         deq = quantize_int4(head.data, group, layout).dequantize(dt)
         model.lm_head = torch.nn.Parameter(deq, requires_grad=False)
-    runner.model.ops = runner.attention.layer_ops(runner.spec, runner.dtype,
-                                                  runner.model.matmul_weights(),
-                                                  runner.layer_op_parts)
+    model.ops = runner.attention.layer_ops(runner.spec, runner.dtype, model.matmul_weights(),
+                                           runner.layer_op_parts)
     return runner
 
 

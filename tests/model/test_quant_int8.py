@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from hermes_async.config import CacheConfig, ConfigError, ModelConfig
+from hermes_async.model.loader import load_model
 from hermes_async.model.quant.apply import quantize_model
 from hermes_async.model.quant.weights import PAIRS, ROWS, quantize_int8
 from hermes_async.model.runner import ModelRunner
@@ -182,7 +183,8 @@ def _dequantized_runner(path, backend: str, layout: str, dtype: str = "bfloat16"
     dt = getattr(torch, dtype)
     runner = ModelRunner(path, ModelConfig(dtype=dtype, attention_backend=backend),
                          CacheConfig(kv_cache_bytes=8 << 20))
-    model = runner.model
+    # a fresh copy: the runner's own weights may live only in its kernels' copies
+    model = runner.model = load_model(path, dtype)
     weights = [getattr(layer, n) for layer in model.layers
                for n in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")]
     for w in weights:
@@ -192,9 +194,8 @@ def _dequantized_runner(path, backend: str, layout: str, dtype: str = "bfloat16"
     if not (layout == PAIRS and head.shape[0] % 16):
         deq = quantize_int8(head.data, None, layout).dequantize(dt)
         model.lm_head = torch.nn.Parameter(deq, requires_grad=False)
-    runner.model.ops = runner.attention.layer_ops(runner.spec, runner.dtype,
-                                                  runner.model.matmul_weights(),
-                                                  runner.layer_op_parts)
+    model.ops = runner.attention.layer_ops(runner.spec, runner.dtype, model.matmul_weights(),
+                                           runner.layer_op_parts)
     return runner
 
 
@@ -264,8 +265,6 @@ def test_greedy_answers_equal_the_dequantized_runners(tiny_models, arch, backend
 
 
 def test_quantize_model_reports_bytes_and_keeps_what_the_layout_cannot_hold(tiny_models):
-    from hermes_async.model.loader import load_model
-
     model = load_model(tiny_models("llama", KERNEL_HEAD_DIM), "bfloat16", torch.device("cpu"))
     before = sum(p.numel() * 2 for layer in model.layers
                  for p in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight,

@@ -84,7 +84,8 @@ GEMV_MAX_ROWS = 8  # the kernel's limit (gemv.h)
 # grouped_gemv rereads an expert's weights per 4 rows: past ~4 rows per expert on average
 # torch's one-matmul-per-expert wins (128 experts, 2048 x 1536: 0.88x of it at 4, 1.2x at 8)
 GROUPED_GEMV_ROWS_PER_EXPERT = 4
-GEMV_MAX_WEIGHT_BYTES = 2 << 30  # the packed copies double the weights' memory: small models
+# packed copies beside the loaded weights (those without a oneDNN copy to release)
+GEMV_MAX_WEIGHT_BYTES = 2 << 30
 NATIVE_GEMV = "native-gemv"
 NATIVE_SILU = "native-silu"
 NATIVE_MOE = "native-moe"
@@ -146,6 +147,21 @@ def a8_gemv_max_rows(features: CpuFeatures,
 GROUPED_DTYPES = (torch.bfloat16, torch.float32)
 
 
+def is_released(weight: torch.Tensor) -> bool:
+    """Whether ``weight``'s loaded data was released (:meth:`NativeOps.release_float_weights`:
+    a broadcast of one element)."""
+    return weight.dim() > 0 and all(s == 0 for s in weight.stride())
+
+
+@dataclass
+class GemvWeight:
+    """A weight and ``pack_for_gemv``'s copy of it (the weight held so that its ``id()``,
+    the key, is never another's)."""
+
+    weight: torch.Tensor
+    packed: torch.Tensor
+
+
 class NativeOps:
     """Mixin for layer ops: our SiLU-and-multiply (``hermes_native::silu_and_mul``, float32
     inside, rounded once to the input's dtype; the ``native-silu`` path) and, for bfloat16
@@ -159,7 +175,7 @@ class NativeOps:
     ``GROUPED_GEMV_ROWS_PER_EXPERT`` rows per expert on average). Each only where its probe
     admitted it."""
 
-    _gemv: dict[int, torch.Tensor]
+    _gemv: dict[int, GemvWeight]  # by the weight's id()
     _native_silu: bool
     _native_moe: bool
     _native_int8: bool
@@ -193,11 +209,8 @@ class NativeOps:
                                                                                   dtype)
         self.int8_a8_max_rows, self.int4_a8_max_rows = a8_gemv_max_rows(features, dtype)
         self._scratch = None
-        total = sum(w.numel() * w.element_size() for w in weights)
-        if (gemv and dtype == torch.bfloat16 and ops.gemv_supported()
-                and total <= GEMV_MAX_WEIGHT_BYTES):
-            self._gemv = {w.data_ptr(): ops.pack_for_gemv(w) for w in weights
-                          if w.dim() == 2 and w.shape[0] % 16 == 0 and w.shape[1] % 2 == 0}
+        if gemv and dtype == torch.bfloat16 and ops.gemv_supported():
+            self._gemv = self._pack_for_gemv(weights)
         mine = tuple(n for n, on in ((NATIVE_GEMV, bool(self._gemv)), (NATIVE_SILU, silu),
                                      (NATIVE_MOE, self._native_moe),
                                      (NATIVE_INT8, self._native_int8),
@@ -206,11 +219,48 @@ class NativeOps:
                                      (NATIVE_INT8_A8, self._native_int8_a8)) if on)
         self.parts = mine + self.parts
 
+    def _pack_for_gemv(self, weights: list[torch.Tensor]) -> dict[int, GemvWeight]:
+        """``gemv_packed``'s copy of each weight it takes (``N % 16 == 0``, even K), by the
+        weight's ``id()``: every weight that also has a oneDNN copy (the loaded one is then
+        released: :meth:`release_float_weights`, so the packed copy costs no memory), the
+        others while their total stays within ``GEMV_MAX_WEIGHT_BYTES`` (each a second copy
+        beside the loaded one)."""
+        ops = torch.ops.hermes_native
+        onednn = getattr(self, "_linears", {})
+        budget = GEMV_MAX_WEIGHT_BYTES
+        packed: dict[int, GemvWeight] = {}
+        for w in weights:
+            if w.dim() != 2 or w.shape[0] % 16 or w.shape[1] % 2:
+                continue
+            size = w.numel() * w.element_size()
+            if id(w) not in onednn:
+                if size > budget:
+                    continue
+                budget -= size
+            packed[id(w)] = GemvWeight(w, ops.pack_for_gemv(w))
+        return packed
+
+    def release_float_weights(self, keep: set[int]) -> int:
+        """The weights held both by ``gemv_packed`` (up to ``GEMV_MAX_ROWS`` rows) and by a
+        oneDNN handle (more rows, biases) are read only through those copies: their loaded
+        data is released (a NaN broadcast of the same shape: one element in memory, and a
+        stray read poisons its output), all but ``keep``'s."""
+        onednn = getattr(self, "_linears", {})
+        released = 0
+        for key, entry in self._gemv.items():
+            w = entry.weight
+            if key in keep or key not in onednn or is_released(w):
+                continue
+            released += w.numel() * w.element_size()
+            w.data = torch.full((1,), math.nan, dtype=w.dtype).expand(w.shape)
+        return released
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight,
                bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
             return self.quantized_linear(x, weight, bias)
-        packed = self._gemv.get(weight.data_ptr()) if bias is None else None
+        entry = self._gemv.get(id(weight)) if bias is None else None
+        packed = entry.packed if entry is not None and entry.weight is weight else None
         rows = x.numel() // x.shape[-1] if x.dim() else 0
         if packed is None or not 1 <= rows <= GEMV_MAX_ROWS or x.dtype != torch.bfloat16:
             return super().linear(x, weight, bias)  # type: ignore[misc]

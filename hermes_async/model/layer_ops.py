@@ -52,6 +52,10 @@ class TorchLayerOps:
             return self.quantized_linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
+    def embedding(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the token table ``[V, H]``."""
+        return F.embedding(ids, table)
+
     def release_float_weights(self, keep: set[int]) -> int:
         """Drop the loaded copy of each float weight these ops hold in kernels' own copies
         for every step size (``keep``: ``id()`` of weights something else reads, the tied

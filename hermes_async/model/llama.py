@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hermes_async.model.attention import AttentionPlan
@@ -138,7 +137,7 @@ class LlamaModel(nn.Module):
             assert table is not None
             residual = table.dequantize_rows(input_ids, self.final_norm.dtype)
         else:
-            residual = F.embedding(input_ids, self.embed)
+            residual = ops.embedding(input_ids, self.embed)
         if spec.embedding_scale != 1.0:
             residual = residual * spec.embedding_scale
         scale = spec.scale

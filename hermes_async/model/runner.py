@@ -99,8 +99,8 @@ class ModelRunner:
             log.info("weights: %s", prepared)
         self.model.ops = self.attention.layer_ops(spec, self.dtype, self.model.matmul_weights(),
                                                   self.layer_op_parts)
-        embed = self.model.embed  # the lookup reads the table (the LM head's too, tied)
-        released = self.model.ops.release_float_weights(set() if embed is None else {id(embed)})
+        # a tied table's lookup reads the GEMV's copy once released (ops.embedding)
+        released = self.model.ops.release_float_weights(set())
         if released:
             return_freed_memory()
             log.info("weights: %.0f MiB of loaded float weights released (read through the "

@@ -240,6 +240,16 @@ class NativeOps:
             packed[id(w)] = GemvWeight(w, ops.pack_for_gemv(w))
         return packed
 
+    def embedding(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """A tied table released (:meth:`release_float_weights`) is read from the GEMV's
+        copy: row ``n`` is lane ``n % 16`` of block ``n // 16``, pair by pair."""
+        entry = self._gemv.get(id(table))
+        if entry is None or entry.weight is not table or not is_released(table):
+            return super().embedding(ids, table)  # type: ignore[misc]
+        n, k = table.shape
+        pairs = entry.packed.view(torch.bfloat16).view(n // 16, k // 2, 16, 2)
+        return pairs[ids // 16, :, ids % 16].reshape(*ids.shape, k)
+
     def release_float_weights(self, keep: set[int]) -> int:
         """The weights held both by ``gemv_packed`` (up to ``GEMV_MAX_ROWS`` rows) and by a
         oneDNN handle (more rows, biases) are read only through those copies: their loaded

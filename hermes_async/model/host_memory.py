@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from typing import Any
 
 M_TRIM_THRESHOLD = -1
 M_TOP_PAD = -2
@@ -23,17 +24,24 @@ TRIM_THRESHOLD = 1 << 30
 TOP_PAD = 64 << 20
 
 
+def _glibc_function(name: str) -> Any:
+    """``name`` from the C library on Linux; None where there is none (musl and others have
+    no ``mallopt`` / ``malloc_trim``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    library = ctypes.util.find_library("c")
+    if not library:
+        return None
+    try:
+        return getattr(ctypes.CDLL(library), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Apply the thresholds on Linux with glibc; True when applied."""
-    if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others have no mallopt
+    mallopt = _glibc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
@@ -47,14 +55,8 @@ def return_freed_memory() -> bool:
     """Give the heap's free pages back to the kernel now (glibc's ``malloc_trim``: the pages
     of freed blocks in the middle of the heap too), once, after start-up freed large buffers
     that the raised thresholds keep; True when called."""
-    if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+    trim = _glibc_function("malloc_trim")
+    if trim is None:
         return False
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int

@@ -125,6 +125,7 @@ def test_block_size_rule(kv_heads, head_dim, expected):
 def test_host_allocator_tuning_applies_on_linux():
     import sys
 
-    from hermes_async.model.host_memory import keep_freed_memory
+    from hermes_async.model.host_memory import keep_freed_memory, return_freed_memory
 
     assert keep_freed_memory() is sys.platform.startswith("linux")
+    assert return_freed_memory() is sys.platform.startswith("linux")

@@ -56,11 +56,11 @@ class TorchLayerOps:
         """Rows ``ids`` of the token table ``[V, H]``."""
         return F.embedding(ids, table)
 
-    def release_float_weights(self, keep: set[int]) -> int:
+    def release_float_weights(self) -> int:
         """Drop the loaded copy of each float weight these ops hold in kernels' own copies
-        for every step size (``keep``: ``id()`` of weights something else reads, the tied
-        embedding table): its ``data`` becomes a NaN broadcast of the same shape, so that a
-        stray read shows. The bytes released; here none (plain torch reads them)."""
+        for every step size (and read a tied table's rows from them: :meth:`embedding`): its
+        ``data`` becomes a NaN broadcast of the same shape, so that a stray read shows. The
+        bytes released; here none (plain torch reads them)."""
         return 0
 
     def quantized_linear(self, x: torch.Tensor, weight: QuantizedWeight,

@@ -100,7 +100,7 @@ class ModelRunner:
         self.model.ops = self.attention.layer_ops(spec, self.dtype, self.model.matmul_weights(),
                                                   self.layer_op_parts)
         # a tied table's lookup reads the GEMV's copy once released (ops.embedding)
-        released = self.model.ops.release_float_weights(set())
+        released = self.model.ops.release_float_weights()
         if released:
             return_freed_memory()
             log.info("weights: %.0f MiB of loaded float weights released (read through the "

@@ -250,16 +250,16 @@ class NativeOps:
         pairs = entry.packed.view(torch.bfloat16).view(n // 16, k // 2, 16, 2)
         return pairs[ids // 16, :, ids % 16].reshape(*ids.shape, k)
 
-    def release_float_weights(self, keep: set[int]) -> int:
+    def release_float_weights(self) -> int:
         """The weights held both by ``gemv_packed`` (up to ``GEMV_MAX_ROWS`` rows) and by a
         oneDNN handle (more rows, biases) are read only through those copies: their loaded
         data is released (a NaN broadcast of the same shape: one element in memory, and a
-        stray read poisons its output), all but ``keep``'s."""
+        stray read poisons its output)."""
         onednn = getattr(self, "_linears", {})
         released = 0
         for key, entry in self._gemv.items():
             w = entry.weight
-            if key in keep or key not in onednn or is_released(w):
+            if key not in onednn or is_released(w):
                 continue
             released += w.numel() * w.element_size()
             w.data = torch.full((1,), math.nan, dtype=w.dtype).expand(w.shape)

@@ -74,7 +74,7 @@ class ModelConfig:
         quantizes those of its Q8_0 / Q4 matmuls: ``hermes_async.model.quant.a8``),
         multiplied by the weights' integers in bytes (the ``native-int4-a8`` and
         ``native-int8-a8`` paths, probed like the others: on AVX2 CPUs, vpdpbusd with
-        AVX512-VNNI; float32 activations, or bfloat16 widened to float32 for them; in float32
+        AVX512-VNNI; float32 or bfloat16 activations read and written as they are; in float32
         about 2x the float32 GEMVs and about 1.5x the float32 matmul at prefill sizes;
         elsewhere the activations stay float, as the log says). Needs ``int8``, ``int4``,
         ``int4-g128`` or ``gguf``.

@@ -13,8 +13,8 @@ what a step of many rows runs), and on AVX2 ``int8 a8`` / ``int4 a8``
 (``int8_a8_gemv`` / ``int4_a8_gemv``: the activations quantized to int8 in blocks of 32,
 the int4 weight's scales and mins float16 as the runner narrows them, ``int4 a8 f32`` with
 float32 ones,
-``model.activations = "int8"``; bfloat16 inputs widened to float32 first and the output
-rounded back, as the runner does), and where vLLM's CPU library loads ``oneDNN`` (the dense
+``model.activations = "int8"``; bfloat16 in and out as they are, as the runner calls
+them), and where vLLM's CPU library loads ``oneDNN`` (the dense
 weight prepacked, as the ``vllm-cpu`` backend runs it) and ``w8a8`` (its ``onednn_scaled_mm``
 over per-row int8 activations: the ``w8a8`` scheme). The CPU's flags head the table; the
 figures hold for it alone.
@@ -65,13 +65,10 @@ def candidates(weight: torch.Tensor, dtype: torch.dtype, rows: int,
     if ops.int4_gemv_supported(dtype):
         calls["int4"] = lambda x: ops.int4_gemv(out, x, q4.values, q4.scales, q4.mins)
     calls["int4 deq+mm"] = int4_deq
-    if ops.a8_supported():  # int8 activations (quant/a8.py), bfloat16's through float32
-        out32 = torch.empty(rows, n)
+    if ops.a8_supported():  # int8 activations (quant/a8.py)
 
         def a8(gemv: Callable[..., object], *tensors: torch.Tensor) -> Callable[..., object]:
-            if dtype == torch.float32:
-                return lambda x: gemv(out, x, *tensors)
-            return lambda x: (gemv(out32, x.float(), *tensors), out.copy_(out32))
+            return lambda x: gemv(out, x, *tensors)
 
         calls["int8 a8"] = a8(ops.int8_a8_gemv, q8.values, q8.scales)
         half = narrow_scales(q4)

@@ -112,15 +112,47 @@ def test_int8_a8_gemv_matches_float64_of_the_quantized_operands(n, k, group):
 
 
 @needs_a8
+@pytest.mark.parametrize("bits", ["int4", "int8"])
+@pytest.mark.parametrize("n, k", [(48, 64), (960, 576), (2048, 6144), (272, 256)])
+def test_a8_gemvs_in_bfloat16_give_float32s_output_rounded(bits, n, k):
+    """bfloat16 in and out (the runner's call) is the float32 call on the same values with
+    its output rounded to nearest even, bit for bit, at every tile and pass size."""
+    gen = torch.Generator().manual_seed(n + k)
+    weight = torch.randn(n, k, generator=gen) / k ** 0.5
+    if bits == "int4":
+        q = quantize_int4(weight, 32, PAIRS)
+        half = narrow_scales(q)
+        operands = [(q.values, q.scales, q.mins)] + (
+            [(half.values, half.scales, half.mins)] if half is not None else [])
+        gemv = torch.ops.hermes_native.int4_a8_gemv
+    else:
+        q = quantize_int8(weight, None, PAIRS)
+        operands = [(q.values, q.scales)]
+        gemv = torch.ops.hermes_native.int8_a8_gemv
+    for rows in ROW_COUNTS:
+        x = (torch.randn(rows, k, generator=gen) * 3).bfloat16()
+        x[rows // 2, :BLOCK] = 0.0
+        for tensors in operands:
+            out32 = torch.empty(rows, n)
+            gemv(out32, x.float(), *tensors)
+            out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16)
+            gemv(out, x, *tensors)
+            assert torch.equal(out, out32.bfloat16()), rows
+
+
+@needs_a8
 def test_int4_a8_gemv_refuses_what_it_cannot_take():
     q = quantize_int4(torch.randn(16, 48), 16, PAIRS)
     with pytest.raises(RuntimeError, match="multiples of 32"):
         torch.ops.hermes_native.int4_a8_gemv(torch.empty(1, 16), torch.randn(1, 48), q.values,
                                              q.scales, q.mins)
     q = quantize_int4(torch.randn(16, 64), 32, PAIRS)
-    with pytest.raises(RuntimeError, match="float32"):
+    with pytest.raises(RuntimeError, match="x's dtype"):  # bfloat16 out of float32 x
         torch.ops.hermes_native.int4_a8_gemv(torch.empty(1, 16, dtype=torch.bfloat16),
-                                             torch.randn(1, 64).bfloat16(), q.values, q.scales,
+                                             torch.randn(1, 64), q.values, q.scales, q.mins)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        torch.ops.hermes_native.int4_a8_gemv(torch.empty(1, 16, dtype=torch.float16),
+                                             torch.randn(1, 64).half(), q.values, q.scales,
                                              q.mins)
     q = quantize_int8(torch.randn(16, 64), 8, PAIRS)
     with pytest.raises(RuntimeError, match="groups of 16"):

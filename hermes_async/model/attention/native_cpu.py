@@ -309,11 +309,10 @@ class NativeOps:
             w = self._dequantized(n, k, x.dtype)
             (ops.int4_dequantize if int4 else ops.int8_dequantize)(w, *tensors)
             return F.linear(x, w, bias)
-        if a8:  # float32 in and out (bfloat16 widened: its bytes are the step's smallest)
-            out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+        if a8:  # float32 or bfloat16 in and out (float32 sums, rounded once)
+            out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
             gemv = ops.int4_a8_gemv if int4 else ops.int8_a8_gemv
-            gemv(out.view(rows, n), x.reshape(rows, k).float().contiguous(), *tensors)
-            out = out.to(x.dtype)
+            gemv(out.view(rows, n), x.reshape(rows, k).contiguous(), *tensors)
         else:
             out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
             gemv = ops.int4_gemv if int4 else ops.int8_gemv

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -357,7 +358,7 @@ A8_ROWS = (1, 3, 4, 5, 11, 33)  # passes of 4 rows and their tails
 
 def probe_native_int4_a8(shapes: ProbeShapes) -> ProbeReport:
     """``int4_a8_gemv`` (int4 weights times int8 activations in blocks of 32: float32 or
-    bfloat16 widened to it, on AVX2; vpdpbusd where AVX512-VNNI is) on every linear shape the
+    bfloat16 in and out, on AVX2; vpdpbusd where AVX512-VNNI is) on every linear shape the
     model's int4 scheme quantizes, against float64 of the same dequantized weight times the
     block-quantized activations (:func:`.quant.a8.dequantize_blocks`, an all-zero block among
     them)."""
@@ -392,9 +393,10 @@ def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) ->
     if shapes.dtype not in ("float32", "bfloat16") or not ops.a8_supported():
         raise NotApplicable(f"int8 activations run on AVX2 CPUs in float32 or bfloat16, not "
                             f"{shapes.dtype} here")
-    dtype = getattr(torch, shapes.dtype)  # the kernel's inputs are float32: the dtype's values
+    dtype = getattr(torch, shapes.dtype)  # float32 inputs hold the dtype's values
     gen = torch.Generator().manual_seed(31)
     worst = _Worst()
+    differs: list[str] = []  # bfloat16 calls whose output is not float32's rounded
     for n, k in shapes.linears:
         if n % 16 or k % BLOCK:
             continue
@@ -408,20 +410,23 @@ def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) ->
                 q = quantize_int8(weight, group, PAIRS)
             exact = q.dequantize(torch.float32).double()
             half = narrow_scales(q)  # int4: the scales and mins as float16 too, as run
+            operands = [(q.values, q.scales, q.mins) if bits == "int4" else (q.values, q.scales)]
+            if bits == "int4" and half is not None:
+                operands.append((half.values, half.scales, half.mins))
+            gemv = ops.int4_a8_gemv if bits == "int4" else ops.int8_a8_gemv
             for rows in A8_ROWS:
                 x = torch.randn(rows, k, generator=gen).to(dtype).float()
                 x[0, :BLOCK] = 0.0
                 ref = dequantize_blocks(x) @ exact.T
-                out = torch.empty(rows, q.shape[0])
-                if bits == "int4":
-                    ops.int4_a8_gemv(out, x, q.values, q.scales, q.mins)
-                    if half is not None:
-                        out16 = torch.empty_like(out)
-                        ops.int4_a8_gemv(out16, x, half.values, half.scales, half.mins)
-                        worst.add(out16, ref)
-                else:
-                    ops.int8_a8_gemv(out, x, q.values, q.scales)
-                worst.add(out, ref)
+                for tensors in operands:
+                    out = torch.empty(rows, q.shape[0])
+                    gemv(out, x, *tensors)
+                    worst.add(out, ref)
+                    if dtype == torch.bfloat16:  # the runner's call: bfloat16 in and out
+                        out_bf16 = torch.empty(rows, q.shape[0], dtype=dtype)
+                        gemv(out_bf16, x.to(dtype), *tensors)
+                        if not torch.equal(out_bf16, out.to(dtype)):
+                            differs.append(f"{n}x{k}, {rows} rows")
     if not worst.cases:
         raise NotApplicable(f"no linear shape the {bits} x int8 GEMV takes (N % 16, K % 32)")
     named = ", ".join("per channel" if g is None else f"groups of {g}" for g in groups)
@@ -430,8 +435,14 @@ def _probe_a8(shapes: ProbeShapes, bits: str, groups: tuple[int | None, ...]) ->
         how += "; float32 and float16 scales"
     if ops.a8_wide():
         how += ", 512-bit with AVX512-VBMI's vpermb"
+    if dtype == torch.bfloat16:
+        how += "; bfloat16 in and out: float32's output rounded, bit for bit"
+    detail = f"{named}, rows {', '.join(map(str, A8_ROWS))}, {how}"
+    if differs:
+        return ProbeReport(math.inf, 0.0, f"bfloat16 in and out is not float32's output "
+                                          f"rounded ({'; '.join(differs[:3])}); {detail}")
     # float32's tolerance in either dtype: the kernel's arithmetic is float32's
-    return worst.report("float32", f"{named}, rows {', '.join(map(str, A8_ROWS))}, {how}")
+    return worst.report("float32", detail)
 
 
 W8A8_ROWS = (1, 5, 16, 33, 100)

@@ -1,5 +1,5 @@
 // int4_a8_gemv: int4 weights times int8 activations (W4A8) on AVX2 (512 bits wide with
-// AVX512-VNNI and -VBMI), for float32 activations:
+// AVX512-VNNI and -VBMI), for float32 or bfloat16 activations (out in x's dtype):
 // the byte dot product llama.cpp runs its Q4 blocks on, over gemv_packed's int4 pair layout.
 //
 // The activations are quantized per row in blocks of 32 inputs when the call comes:
@@ -21,7 +21,8 @@
 // 8 floats at a time (the same division and rounding as the scalar definition). The
 // approximation beyond the weight's own is the activations' rounding, up to half a step
 // (max|x| / 254) per element: measured by loadtest/bench_quant_quality.py.
-//   int4_a8_gemv(out [M, N] f32, x [M, K] f32, packed [N / 16, K / 2, 16] uint8,
+//   int4_a8_gemv(out [M, N], x [M, K] (both f32 or both bf16: bf16 x widened exactly as it
+//                is quantized, out rounded once from the float32 sums), packed [N / 16, K / 2, 16] uint8,
 //                scales, mins [N / 16, K / group, 16] f32, or both f16: 20 bytes a group
 //                of 32 in place of 24): any M, in tiles of A8_TILE_ROWS rows, each
 //                reading the weight once (passes of A8_PASS_ROWS over a block of 16
@@ -89,13 +90,48 @@ struct A8Activations {
 
 // one block of 32: q_x into qb, returns d; *total = the sum of q_x. With evens_first each 8
 // bytes are stored as inputs 0, 2, 4, 6, 1, 3, 5, 7 of their 8 (the wide int4 kernel's order).
-inline float quantize_a8_block(const float* xb, int8_t* qb, int32_t* total,
+#if defined(__AVX2__)
+inline __m256 load8_x(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8_x(const bf16* p) {  // 8 bfloat16 widened exactly
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+// the kernels' outputs: float32 as summed, or rounded to bfloat16 to nearest even (torch's
+// rounding: the same bits as summing in float32 and converting after)
+inline void a8_store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void a8_store8(bf16* p, __m256 v) {
+  typedef uint32_t u8 __attribute__((vector_size(32)));
+  typedef uint16_t h8 __attribute__((vector_size(16)));
+  const u8 u = (u8)v;
+  const h8 h = __builtin_convertvector((u + 0x7fffu + ((u >> 16) & 1u)) >> 16, h8);
+  std::memcpy(p, &h, sizeof h);
+}
+#endif
+
+#if defined(__AVX512F__)
+inline void a8_store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void a8_store16(bf16* p, __m512 v) {
+#if defined(__AVX512BF16__)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+  typedef uint32_t u16 __attribute__((vector_size(64)));
+  typedef uint16_t h16 __attribute__((vector_size(32)));
+  const u16 u = (u16)v;
+  const h16 h = __builtin_convertvector((u + 0x7fffu + ((u >> 16) & 1u)) >> 16, h16);
+  std::memcpy(p, &h, sizeof h);
+#endif
+}
+#endif
+
+template <typename T>
+inline float quantize_a8_block(const T* xb, int8_t* qb, int32_t* total,
                                bool evens_first = false) {
 #if defined(__AVX2__)
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 v[4], m = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(xb + 8 * i);
+    v[i] = load8_x(xb + 8 * i);
     m = _mm256_max_ps(m, _mm256_and_ps(v[i], magnitude));
   }
   __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
@@ -131,11 +167,12 @@ inline float quantize_a8_block(const float* xb, int8_t* qb, int32_t* total,
   return d;
 #else
   float amax = 0.0f;
-  for (int64_t i = 0; i < A8_BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+  for (int64_t i = 0; i < A8_BLOCK; ++i) amax = std::max(amax, std::fabs(static_cast<float>(xb[i])));
   const float d = amax / 127.0f;
   int32_t sum = 0;
   for (int64_t i = 0; i < A8_BLOCK; ++i) {
-    const int32_t v = d == 0.0f ? 0 : static_cast<int32_t>(std::nearbyint(xb[i] / d));
+    const int32_t v =
+        d == 0.0f ? 0 : static_cast<int32_t>(std::nearbyint(static_cast<float>(xb[i]) / d));
     const int64_t at = evens_first ? (i & ~7) + (i & 1) * 4 + (i & 7) / 2 : i;
     qb[at] = static_cast<int8_t>(std::clamp(v, -127, 127));
     sum += qb[at];
@@ -145,7 +182,8 @@ inline float quantize_a8_block(const float* xb, int8_t* qb, int32_t* total,
 #endif
 }
 
-inline A8Activations quantize_a8(const float* x, int64_t m, int64_t k, int64_t group,
+template <typename T>
+inline A8Activations quantize_a8(const T* x, int64_t m, int64_t k, int64_t group,
                                  bool evens_first = false, bool halves = false) {
   const int64_t blocks = k / A8_BLOCK, per_group = group / A8_BLOCK;
   const int64_t groups = group ? k / group : 0;
@@ -184,10 +222,10 @@ inline __m256 load8_ps(const at::Half* p) {
 }
 
 // one block of 16 outputs, M rows from x row 0 of the pass
-template <int M, typename S>
+template <int M, typename S, typename O>
 inline void int4_a8_block(const uint8_t* w, const S* scales, const S* mins,
                           const int8_t* xq, const float* xd, const float* xs, int64_t k,
-                          int64_t groups, int64_t gp, float* out, int64_t n, int64_t nb) {
+                          int64_t groups, int64_t gp, O* out, int64_t n, int64_t nb) {
   const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
   const uint8_t* wb = w + nb * k2 * 16;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
@@ -255,9 +293,8 @@ inline void int4_a8_block(const uint8_t* w, const S* scales, const S* mins,
     }
   }
   for (int m = 0; m < M; ++m) {
-    _mm256_storeu_ps(out + m * n + nb * 16, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20));
-    _mm256_storeu_ps(out + m * n + nb * 16 + 8,
-                     _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31));
+    a8_store8(out + m * n + nb * 16, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20));
+    a8_store8(out + m * n + nb * 16 + 8, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31));
   }
 }
 
@@ -278,10 +315,10 @@ inline __m512 load16_ps(const at::Half* p) {
 }
 
 // int4_a8_block, 512 bits wide: xq in quantize_a8's evens-first order
-template <int M, typename S>
+template <int M, typename S, typename O>
 inline void int4_a8_block_wide(const uint8_t* w, const S* scales, const S* mins,
                                const int8_t* xq, const float* xd, const float* xs, int64_t k,
-                               int64_t groups, int64_t gp, float* out, int64_t n, int64_t nb) {
+                               int64_t groups, int64_t gp, O* out, int64_t n, int64_t nb) {
   const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
   const uint8_t* wb = w + nb * k2 * 16;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -319,7 +356,7 @@ inline void int4_a8_block_wide(const uint8_t* w, const S* scales, const S* mins,
     const __m512 z = load16_ps(mins + at);
     for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * groups + g]), z, acc[m]);
   }
-  for (int m = 0; m < M; ++m) _mm512_storeu_ps(out + m * n + nb * 16, acc[m]);
+  for (int m = 0; m < M; ++m) a8_store16(out + m * n + nb * 16, acc[m]);
 }
 #endif
 
@@ -349,16 +386,25 @@ void a8_passes(int64_t m, int64_t nblocks, const Run& run) {
 }
 #endif
 
-// M of x [M, K] float32 and out [M, N] float32 (contiguous), checked
+// M of x [M, K] and out [M, N], contiguous, both float32 or both bfloat16, checked
 inline int64_t a8_rows(const at::Tensor& out, const at::Tensor& x, int64_t n, int64_t k) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat &&
-                  x.size(1) == k,
-              "x must be a contiguous float32 [M, ", k, "]");
+  const bool dtype = x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && dtype && x.size(1) == k,
+              "x must be a contiguous float32 or bfloat16 [M, ", k, "]");
   const int64_t m = x.size(0);
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.dim() == 2 &&
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == x.scalar_type() && out.dim() == 2 &&
                   out.size(0) == m && out.size(1) == n,
-              "out must be a contiguous float32 [", m, ", ", n, "]");
+              "out must be a contiguous [", m, ", ", n, "] of x's dtype");
   return m;
+}
+
+// fn(x, out) with x's and out's data as float or bf16 pointers (a8_rows checked them alike)
+template <typename Fn>
+void a8_dispatch(at::Tensor& out, const at::Tensor& x, const Fn& fn) {
+  if (x.scalar_type() == at::kBFloat16)
+    fn(x.data_ptr<bf16>(), out.data_ptr<bf16>());
+  else
+    fn(x.data_ptr<float>(), out.data_ptr<float>());
 }
 
 inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
@@ -370,23 +416,25 @@ inline void int4_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   const int64_t m = a8_rows(out, x, n, k);
 #if defined(__AVX2__) && defined(__FMA__)
   const int64_t groups = k / (2 * gp), blocks = k / A8_BLOCK, nblocks = n / 16;
-  const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 2 * gp, a8_wide());
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const auto run = [&](const auto* sp, const auto* zp) {
-    a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t nb) {
+  a8_dispatch(out, x, [&](const auto* xp, auto* op) {
+    const A8Activations a = quantize_a8(xp, m, k, 2 * gp, a8_wide());
+    const auto run = [&](const auto* sp, const auto* zp) {
+      a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t nb) {
 #ifdef HERMES_A8_WIDE
-      int4_a8_block_wide<decltype(rows)::value>(
+        int4_a8_block_wide<decltype(rows)::value>(
 #else
-      int4_a8_block<decltype(rows)::value>(
+        int4_a8_block<decltype(rows)::value>(
 #endif
-          wp, sp, zp, a.q.data() + r0 * k, a.d.data() + r0 * blocks,
-          a.sums.data() + r0 * groups, k, groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
-    });
-  };
-  if (scales.scalar_type() == at::kHalf)  // 20 bytes a group of 32 in place of 24
-    run(scales.data_ptr<at::Half>(), mins.data_ptr<at::Half>());
-  else
-    run(scales.data_ptr<float>(), mins.data_ptr<float>());
+            wp, sp, zp, a.q.data() + r0 * k, a.d.data() + r0 * blocks,
+            a.sums.data() + r0 * groups, k, groups, gp, op + r0 * n, n, nb);
+      });
+    };
+    if (scales.scalar_type() == at::kHalf)  // 20 bytes a group of 32 in place of 24
+      run(scales.data_ptr<at::Half>(), mins.data_ptr<at::Half>());
+    else
+      run(scales.data_ptr<float>(), mins.data_ptr<float>());
+  });
 #endif
 }
 

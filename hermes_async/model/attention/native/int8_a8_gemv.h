@@ -1,4 +1,5 @@
-// int8_a8_gemv: int8 weights times int8 activations (W8A8) on AVX2, for float32 activations:
+// int8_a8_gemv: int8 weights times int8 activations (W8A8) on AVX2, for float32 or bfloat16
+// activations (out in their dtype):
 // llama.cpp's Q8_0 x Q8_0 byte arithmetic over gemv_packed's int8 pair layout.
 //
 // The activations are quantized as int4_a8_gemv's (int4_a8_gemv.h: blocks of 32 inputs,
@@ -15,7 +16,8 @@
 // (HERMES_A8_WIDE) the block is 512 bits wide: one vpermb turns two pair rows into 16 outputs
 // x 4 inputs, the weights go unsigned (q + 128) for vpdpbusd, and 128 times each half-block's
 // sum of q_x comes off the int32 sums (int8_a8_block_wide).
-//   int8_a8_gemv(out [M, N] f32, x [M, K] f32, packed [N / 16, K / 2, 16, 2] int8,
+//   int8_a8_gemv(out [M, N], x [M, K] (both f32 or both bf16, as int4_a8_gemv's),
+//                packed [N / 16, K / 2, 16, 2] int8,
 //                scales [N / 16, K / group, 16] f32): any M, in int4_a8_gemv's tiles
 //                of A8_TILE_ROWS rows, each reading the weight once; K % 32 == 0;
 //                groups of 16, a multiple of 32, or K.
@@ -29,9 +31,9 @@ namespace hermes_native {
 
 #if defined(__AVX2__) && defined(__FMA__)
 // one block of 16 outputs, M rows from x row 0 of the pass
-template <int M>
+template <int M, typename O>
 inline void int8_a8_block(const int8_t* w, const float* scales, const int8_t* xq,
-                          const float* xd, int64_t k, int64_t groups, int64_t gp, float* out,
+                          const float* xd, int64_t k, int64_t groups, int64_t gp, O* out,
                           int64_t n, int64_t nb) {
   const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
   const int8_t* wb = w + nb * k2 * 32;
@@ -82,9 +84,8 @@ inline void int8_a8_block(const int8_t* w, const float* scales, const int8_t* xq
     }
   }
   for (int m = 0; m < M; ++m) {
-    _mm256_storeu_ps(out + m * n + nb * 16, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20));
-    _mm256_storeu_ps(out + m * n + nb * 16 + 8,
-                     _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31));
+    a8_store8(out + m * n + nb * 16, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20));
+    a8_store8(out + m * n + nb * 16 + 8, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31));
   }
 }
 
@@ -106,10 +107,10 @@ inline constexpr Int8PairRowsToLanes INT8_PAIR_ROWS_TO_LANES{};
 // weights go unsigned (q + 128, 0..255: -128 too) for vpdpbusd with the activations as they
 // are; each chunk's sum then carries 128 times the chunk's sum of q_x, taken off before it is
 // scaled (halves128: quantize_a8's half-block sums, times 128)
-template <int M>
+template <int M, typename O>
 inline void int8_a8_block_wide(const int8_t* w, const float* scales, const int8_t* xq,
                                const float* xd, const int32_t* halves128, int64_t k,
-                               int64_t groups, int64_t gp, float* out, int64_t n, int64_t nb) {
+                               int64_t groups, int64_t gp, O* out, int64_t n, int64_t nb) {
   const int64_t k2 = k / 2, blocks = k / A8_BLOCK;
   const int8_t* wb = w + nb * k2 * 32;
   const __m512i to_lanes = _mm512_load_si512(INT8_PAIR_ROWS_TO_LANES.index);
@@ -146,7 +147,7 @@ inline void int8_a8_block_wide(const int8_t* w, const float* scales, const int8_
                                _mm512_mul_ps(_mm512_set1_ps(xd[m * blocks + b]), s), acc[m]);
     }
   }
-  for (int m = 0; m < M; ++m) _mm512_storeu_ps(out + m * n + nb * 16, acc[m]);
+  for (int m = 0; m < M; ++m) a8_store16(out + m * n + nb * 16, acc[m]);
 }
 #endif
 
@@ -160,18 +161,21 @@ inline void int8_a8_gemv(at::Tensor out, const at::Tensor& x, const at::Tensor& 
   const int64_t m = a8_rows(out, x, n, k);
 #if defined(__AVX2__) && defined(__FMA__)
   const int64_t groups = k / (2 * gp), blocks = k / A8_BLOCK, nblocks = n / 16;
-  const A8Activations a = quantize_a8(x.data_ptr<float>(), m, k, 0, false, a8_wide());
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t nb) {
+  a8_dispatch(out, x, [&](const auto* xp, auto* op) {
+    const A8Activations a = quantize_a8(xp, m, k, 0, false, a8_wide());
+    a8_passes(m, nblocks, [&](auto rows, int64_t r0, int64_t nb) {
 #ifdef HERMES_A8_WIDE
-    int8_a8_block_wide<decltype(rows)::value>(wp, sp, a.q.data() + r0 * k, a.d.data() + r0 * blocks,
-                                              a.halves128.data() + r0 * 2 * blocks, k, groups, gp,
-                                              out.data_ptr<float>() + r0 * n, n, nb);
+      int8_a8_block_wide<decltype(rows)::value>(wp, sp, a.q.data() + r0 * k,
+                                                a.d.data() + r0 * blocks,
+                                                a.halves128.data() + r0 * 2 * blocks, k, groups,
+                                                gp, op + r0 * n, n, nb);
 #else
-    int8_a8_block<decltype(rows)::value>(wp, sp, a.q.data() + r0 * k, a.d.data() + r0 * blocks, k,
-                                         groups, gp, out.data_ptr<float>() + r0 * n, n, nb);
+      int8_a8_block<decltype(rows)::value>(wp, sp, a.q.data() + r0 * k, a.d.data() + r0 * blocks,
+                                           k, groups, gp, op + r0 * n, n, nb);
 #endif
+    });
   });
 #endif
 }

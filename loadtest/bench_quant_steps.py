@@ -12,7 +12,11 @@ round runs one decode step of each in turn (``--batches`` sequences, each with a
 Per scheme and batch: the median step, tok/s, and the ratio to the first scheme, plus the
 weight bytes a step streams over the median step (GB/s) against the read bandwidth measured
 in the same process. The weights' bytes: the quantized weights' (their scales and mins as
-held), else the float matmul weights'.
+held), else the float matmul weights'. And each scheme's own floor: one plain read of the very
+tensors its step streams, timed in the same rounds (``own floor ms``), and the share of the step
+it is (``of own floor``): the kernels' efficiency with the machine's luck taken out, since on
+a VM two allocations of one size read at rates up to 25% apart (where their pages landed),
+which a ratio between schemes carries along with their kernels.
 """
 
 from __future__ import annotations
@@ -53,6 +57,28 @@ def streamed_bytes(runner: ModelRunner) -> int:
     return sum(w.numel() * w.element_size() for w in runner.model.matmul_weights())
 
 
+def streamed_tensors(runner: ModelRunner) -> list[torch.Tensor]:
+    """The tensors of :func:`streamed_bytes`: the quantized weights' integers, scales and
+    mins, else the float weights as a one-row step reads them (the GEMV's packed copies where
+    the ops hold them)."""
+    quantized = runner.model.quantized_weights()
+    if quantized:
+        return [t for q in quantized for t in (q.values, q.scales, q.mins) if t is not None]
+    return [runner.model.ops.decode_copy(w) for w in runner.model.matmul_weights()]
+
+
+def read_floor(tensors: list[torch.Tensor]) -> None:
+    """Read every byte of ``tensors`` once at memory speed (an int32 max: vectorized, no
+    float work): the floor of a step that streams them, from the same pages the step reads
+    (the VM's bandwidth differs from one allocation to another: up to 25% here)."""
+    for t in tensors:
+        flat = t.reshape(-1).view(torch.uint8)
+        whole = flat.numel() // 4 * 4
+        flat[:whole].view(torch.int32).max()
+        if whole < flat.numel():
+            flat[whole:].max()
+
+
 def read_bandwidth() -> float:
     """Bytes/s of summing a 1 GiB tensor (best of 5): the memory floor's rate."""
     src = torch.ones(1 << 28)
@@ -83,8 +109,10 @@ def main() -> None:
     prompt = tuple(range(100, 100 + args.context))
     print(f"\nread bandwidth {bandwidth / 1e9:.1f} GB/s; {args.dtype}; context {args.context}; "
           f"median of {args.rounds} interleaved steps\n")
-    print("| scheme | batch | step ms | tok/s | vs first | weights GB/s | of read bw |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| scheme | batch | step ms | tok/s | vs first | weights GB/s | of read bw "
+          "| own floor ms | of own floor |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    streamed = {s: streamed_tensors(r) for s, r in runners.items()}
     for batch in args.batches:
         tables = {scheme: block_tables(runner, batch, args.context + args.rounds + 3)
                   for scheme, runner in runners.items()}
@@ -92,18 +120,23 @@ def main() -> None:
             for t in tables[scheme]:
                 runner.forward([SequenceStep(t, 0, prompt)])
         times: dict[str, list[float]] = {s: [] for s in runners}
+        floors: dict[str, list[float]] = {s: [] for s in runners}
         for step in range(args.rounds + 2):  # two warm-up rounds
             for scheme, runner in runners.items():
                 steps = [SequenceStep(t, args.context + step, (7,)) for t in tables[scheme]]
                 seconds = _timed(lambda r=runner, s=steps: r.forward(s))
+                floor = _timed(lambda t=streamed[scheme]: read_floor(t))
                 if step >= 2:
                     times[scheme].append(seconds)
+                    floors[scheme].append(floor)
         first = statistics.median(times[args.schemes[0]])
         for scheme, runner in runners.items():
             med = statistics.median(times[scheme])
             rate = streamed_bytes(runner) / med
+            floor = statistics.median(floors[scheme])
             print(f"| {scheme} | {batch} | {med * 1e3:.1f} | {batch / med:.1f} | "
-                  f"{first / med:.2f}x | {rate / 1e9:.1f} | {rate / bandwidth:.2f} |")
+                  f"{first / med:.2f}x | {rate / 1e9:.1f} | {rate / bandwidth:.2f} | "
+                  f"{floor * 1e3:.1f} | {floor / med:.2f} |")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,11 @@ class TorchLayerOps:
         bytes released; here none (plain torch reads them)."""
         return 0
 
+    def decode_copy(self, weight: torch.Tensor) -> torch.Tensor:
+        """The tensor a decode step of one row reads for the float ``weight``: a kernel's own
+        copy where these ops hold one, else the weight (here always the weight)."""
+        return weight
+
     def quantized_linear(self, x: torch.Tensor, weight: QuantizedWeight,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` times a quantized weight: here the reference, the weight dequantized

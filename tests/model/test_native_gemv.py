@@ -119,6 +119,7 @@ def test_runner_keeps_only_the_kernels_copies_of_its_linears(tiny_models, arch):
     kernels over a model that kept its weights."""
     from hermes_async.config import CacheConfig, ModelConfig
     from hermes_async.model.attention.native_cpu import is_released
+    from hermes_async.model.layer_ops import TorchLayerOps
     from hermes_async.model.loader import load_model
     from hermes_async.model.runner import ModelRunner
     from hermes_async.step import SequenceStep
@@ -138,6 +139,10 @@ def test_runner_keeps_only_the_kernels_copies_of_its_linears(tiny_models, arch):
     kept.ops = runner.attention.layer_ops(runner.spec, runner.dtype, kept.matmul_weights(),
                                           runner.layer_op_parts)
     assert kept.ops.name == model.ops.name
+    # what a one-row step reads of each released weight: the GEMV's packing of its values
+    for w, loaded in zip(model.matmul_weights(), kept.matmul_weights(), strict=True):
+        assert torch.equal(model.ops.decode_copy(w), torch.ops.hermes_native.pack_for_gemv(loaded))
+    assert TorchLayerOps(runner.spec).decode_copy(kept.head_weight) is kept.head_weight
     tables = [tuple(range(i * 4, i * 4 + 4)) for i in range(2)]
     prompts = [tuple(range(5, 5 + n)) for n in (19, 33)]
     prefill = [SequenceStep(t, 0, p) for t, p in zip(tables, prompts, strict=True)]

@@ -250,6 +250,13 @@ class NativeOps:
         pairs = entry.packed.view(torch.bfloat16).view(n // 16, k // 2, 16, 2)
         return pairs[ids // 16, :, ids % 16].reshape(*ids.shape, k)
 
+    def decode_copy(self, weight: torch.Tensor) -> torch.Tensor:
+        """The GEMV's packed copy where there is one."""
+        entry = self._gemv.get(id(weight))
+        if entry is None or entry.weight is not weight:
+            return super().decode_copy(weight)  # type: ignore[misc]
+        return entry.packed
+
     def release_float_weights(self) -> int:
         """The weights held both by ``gemv_packed`` (up to ``GEMV_MAX_ROWS`` rows) and by a
         oneDNN handle (more rows, biases) are read only through those copies: their loaded

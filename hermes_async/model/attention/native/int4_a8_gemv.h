@@ -367,20 +367,27 @@ inline void int4_a8_block_wide(const uint8_t* w, const S* scales, const S* mins,
 // a compile-time constant (std::integral_constant) for the kernel's template.
 constexpr int64_t A8_TILE_ROWS = 64;
 
-template <typename Run>
+// fn(std::integral_constant<int, rows>) for 1 <= rows <= PASS
+template <int PASS, typename Fn>
+inline void a8_pass_rows(int64_t rows, const Fn& fn) {
+  if constexpr (PASS > 1) {
+    if (rows < PASS) return a8_pass_rows<PASS - 1>(rows, fn);
+  }
+  fn(std::integral_constant<int, PASS>{});
+}
+
+// PASS: the most rows a pass takes (the kernel's registers: A8_PASS_ROWS, or 8 for the
+// per-channel int8 kernel)
+template <int PASS = A8_PASS_ROWS, typename Run>
 void a8_passes(int64_t m, int64_t nblocks, const Run& run) {
   for (int64_t t0 = 0; t0 < m; t0 += A8_TILE_ROWS) {
     const int64_t t1 = std::min(m, t0 + A8_TILE_ROWS);
     at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t begin, int64_t end) {
       for (int64_t nb = begin * 4; nb < std::min(nblocks, end * 4); ++nb)
-        for (int64_t r0 = t0; r0 < t1; r0 += A8_PASS_ROWS) {
-          switch (std::min(A8_PASS_ROWS, t1 - r0)) {
-            case 1: run(std::integral_constant<int, 1>{}, r0, nb); break;
-            case 2: run(std::integral_constant<int, 2>{}, r0, nb); break;
-            case 3: run(std::integral_constant<int, 3>{}, r0, nb); break;
-            default: run(std::integral_constant<int, A8_PASS_ROWS>{}, r0, nb); break;
-          }
-        }
+        for (int64_t r0 = t0; r0 < t1; r0 += PASS)
+          a8_pass_rows<PASS>(std::min<int64_t>(PASS, t1 - r0), [&](auto rows) {
+            run(rows, r0, nb);
+          });
     });
   }
 }

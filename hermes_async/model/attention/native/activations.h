@@ -32,17 +32,7 @@ inline wf loadw(const bf16* p) { return load(p); }
 inline void storew(float* p, wf v) { store(p, v); }
 #endif
 
-inline void storew(bf16* p, wf v) {
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh((__m512)v));
-#else
-  typedef uint32_t wu __attribute__((vector_size(sizeof(wf))));
-  typedef uint16_t wh __attribute__((vector_size(sizeof(wf) / 2)));
-  const wu u = (wu)v;
-  const wh h = __builtin_convertvector((u + 0x7fffu + ((u >> 16) & 1u)) >> 16, wh);
-  std::memcpy(p, &h, sizeof h);
-#endif
-}
+inline void storew(bf16* p, wf v) { store_bf16(p, v); }
 
 // x * sigmoid(x), sigmoid from e = exp(-|x|) <= 1 so that nothing overflows.
 inline wf silu(wf x) {

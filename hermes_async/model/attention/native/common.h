@@ -85,6 +85,27 @@ inline vf16 load16(const float* p) {
 inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
 #endif
 
+// Stores 8 or 16 floats as bfloat16 rounded to nearest even, torch's rounding (inputs
+// finite): by integer lanes, or 16 at once by vcvtneps2bf16 where AVX512-BF16 is.
+inline void store_bf16(bf16* p, vf v) {
+  const vu u = (vu)v;
+  const vh h = __builtin_convertvector((u + 0x7fffu + ((u >> 16) & 1u)) >> 16, vh);
+  std::memcpy(p, &h, sizeof h);
+}
+
+#if defined(__AVX512F__)
+inline void store_bf16(bf16* p, vf16 v) {
+#if defined(__AVX512BF16__)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh((__m512)v));
+#else
+  vf half[2];
+  std::memcpy(half, &v, sizeof v);
+  store_bf16(p, half[0]);
+  store_bf16(p + VL, half[1]);
+#endif
+}
+#endif
+
 inline float hmax(vf v) {
   float m = v[0];
   for (int i = 1; i < VL; ++i) m = std::max(m, v[i]);

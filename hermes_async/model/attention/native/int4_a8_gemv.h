@@ -96,33 +96,14 @@ inline __m256 load8_x(const bf16* p) {  // 8 bfloat16 widened exactly
   return _mm256_castsi256_ps(_mm256_slli_epi32(
       _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
-
-// the kernels' outputs: float32 as summed, or rounded to bfloat16 to nearest even (torch's
-// rounding: the same bits as summing in float32 and converting after)
-inline void a8_store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-inline void a8_store8(bf16* p, __m256 v) {
-  typedef uint32_t u8 __attribute__((vector_size(32)));
-  typedef uint16_t h8 __attribute__((vector_size(16)));
-  const u8 u = (u8)v;
-  const h8 h = __builtin_convertvector((u + 0x7fffu + ((u >> 16) & 1u)) >> 16, h8);
-  std::memcpy(p, &h, sizeof h);
-}
 #endif
 
-#if defined(__AVX512F__)
-inline void a8_store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void a8_store16(bf16* p, __m512 v) {
-#if defined(__AVX512BF16__)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
-#else
-  typedef uint32_t u16 __attribute__((vector_size(64)));
-  typedef uint16_t h16 __attribute__((vector_size(32)));
-  const u16 u = (u16)v;
-  const h16 h = __builtin_convertvector((u + 0x7fffu + ((u >> 16) & 1u)) >> 16, h16);
-  std::memcpy(p, &h, sizeof h);
-#endif
-}
-#endif
+// the kernels' outputs (8 or 16 floats): float32 as summed, or rounded to bfloat16 to nearest
+// even (the same bits as summing in float32 and converting after)
+template <typename V>
+inline void a8_store(float* p, V v) { std::memcpy(p, &v, sizeof v); }
+template <typename V>
+inline void a8_store(bf16* p, V v) { store_bf16(p, v); }
 
 template <typename T>
 inline float quantize_a8_block(const T* xb, int8_t* qb, int32_t* total,
@@ -293,8 +274,8 @@ inline void int4_a8_block(const uint8_t* w, const S* scales, const S* mins,
     }
   }
   for (int m = 0; m < M; ++m) {
-    a8_store8(out + m * n + nb * 16, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20));
-    a8_store8(out + m * n + nb * 16 + 8, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31));
+    a8_store(out + m * n + nb * 16, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20));
+    a8_store(out + m * n + nb * 16 + 8, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31));
   }
 }
 
@@ -356,7 +337,7 @@ inline void int4_a8_block_wide(const uint8_t* w, const S* scales, const S* mins,
     const __m512 z = load16_ps(mins + at);
     for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * groups + g]), z, acc[m]);
   }
-  for (int m = 0; m < M; ++m) a8_store16(out + m * n + nb * 16, acc[m]);
+  for (int m = 0; m < M; ++m) a8_store(out + m * n + nb * 16, acc[m]);
 }
 #endif
 

@@ -84,8 +84,8 @@ inline void int8_a8_block(const int8_t* w, const float* scales, const int8_t* xq
     }
   }
   for (int m = 0; m < M; ++m) {
-    a8_store8(out + m * n + nb * 16, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20));
-    a8_store8(out + m * n + nb * 16 + 8, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31));
+    a8_store(out + m * n + nb * 16, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20));
+    a8_store(out + m * n + nb * 16 + 8, _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31));
   }
 }
 
@@ -147,7 +147,7 @@ inline void int8_a8_block_wide(const int8_t* w, const float* scales, const int8_
                                _mm512_mul_ps(_mm512_set1_ps(xd[m * blocks + b]), s), acc[m]);
     }
   }
-  for (int m = 0; m < M; ++m) a8_store16(out + m * n + nb * 16, acc[m]);
+  for (int m = 0; m < M; ++m) a8_store(out + m * n + nb * 16, acc[m]);
 }
 
 // int8_a8_block_wide for one scale per output channel (the int8 scheme's weights), in passes of
@@ -198,7 +198,7 @@ inline void int8_a8_channel_wide(const int8_t* w, const float* scales, const int
   }
   const __m512 s = _mm512_loadu_ps(scales + nb * 16);
   for (int m = 0; m < M; ++m)
-    a8_store16(out + m * n + nb * 16,
+    a8_store(out + m * n + nb * 16,
                _mm512_mul_ps(s, _mm512_sub_ps(acc[m], _mm512_set1_ps(offsets[m]))));
 }
 

@@ -363,8 +363,8 @@ template <int PASS = A8_PASS_ROWS, typename Run>
 void a8_passes(int64_t m, int64_t nblocks, const Run& run) {
   for (int64_t t0 = 0; t0 < m; t0 += A8_TILE_ROWS) {
     const int64_t t1 = std::min(m, t0 + A8_TILE_ROWS);
-    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t nb = begin * 4; nb < std::min(nblocks, end * 4); ++nb)
+    at::parallel_for(0, nblocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t nb = begin; nb < end; ++nb)
         for (int64_t r0 = t0; r0 < t1; r0 += PASS)
           a8_pass_rows<PASS>(std::min<int64_t>(PASS, t1 - r0), [&](auto rows) {
             run(rows, r0, nb);

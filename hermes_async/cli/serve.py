@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -123,6 +124,17 @@ def serve_on_ray(cfg: EngineConfig) -> int:
     return serve_forever(cfg)
 
 
+def freeze_startup_heap() -> int:
+    """Collect once, then move every object alive after start-up (the model's modules, the
+    tokenizer, the imported modules) out of the collector's reach (``gc.freeze``): a full
+    collection under load then walks only what requests allocate (about 170 ms a full
+    collection of the loaded server, twice in its first loaded seconds, each holding the
+    GIL from the step). Returns the frozen objects' count."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def run_event_loop(main: Coroutine[Any, Any, int]) -> int:
     """Run ``main`` on uvloop when it is installed, else on asyncio's default loop."""
     try:
@@ -157,6 +169,7 @@ async def serve(cfg: EngineConfig) -> int:
                 status = 1
             else:
                 state = app[STATE]
+                freeze_startup_heap()
                 print(f"hermes-async: ready: model {state.model_name!r} "
                       f"(max_model_len {state.engine.max_model_len}); OpenAI base URL "
                       f"{url}/v1", flush=True)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from hermes_async.cli.serve import build_config
+from hermes_async.cli.serve import build_config, freeze_startup_heap
 from hermes_async.config import ConfigError, EngineConfig, ServerConfig, from_dict, load
 from hermes_async.engine.errors import EngineError, NamespaceBusyError, QueueFullError
 from hermes_async.openai.auth import Authenticator, is_protected, namespace_for
@@ -180,3 +181,15 @@ def test_error_mapping():
 def test_sse_event_framing():
     assert event({"a": "x\ny"}) == b'data: {"a":"x\\ny"}\n\n'
     assert DONE == b"data: [DONE]\n\n" and KEEPALIVE == b": keep-alive\n\n"
+
+
+def test_freeze_startup_heap_takes_live_objects_out_of_collections():
+    kept = [[i] for i in range(1000)]  # containers alive "after start-up"
+    try:
+        frozen = freeze_startup_heap()
+        assert frozen >= len(kept) and gc.get_freeze_count() == frozen
+        collected = {id(o) for o in gc.get_objects()}  # what a collection walks
+        assert all(gc.is_tracked(x) and id(x) not in collected for x in kept)
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0

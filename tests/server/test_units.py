@@ -187,7 +187,7 @@ def test_freeze_startup_heap_takes_live_objects_out_of_collections():
     kept = [[i] for i in range(1000)]  # containers alive "after start-up"
     try:
         frozen = freeze_startup_heap()
-        assert frozen >= len(kept) and gc.get_freeze_count() == frozen
+        assert frozen >= len(kept)  # (frozen objects freed later leave the count)
         collected = {id(o) for o in gc.get_objects()}  # what a collection walks
         assert all(gc.is_tracked(x) and id(x) not in collected for x in kept)
     finally:
